@@ -1,0 +1,157 @@
+"""The one home of device placement: which device, which dtype, host<->device.
+
+The plugin has two targets chosen once at start-up:
+
+* ``spyre``: torch-spyre imports and a card is present. Compute is float16 only
+  (the card has no bfloat16/float32 matmul path).
+* ``cpu``: everything else. Same layer swaps, layouts, stick alignment,
+  bucketing and compilation, computed on the host. bfloat16 by default
+  (this class of CPU has fast bf16 GEMMs but no fast fp16 ones); float16 and
+  float32 are accepted (float32 for exact comparisons with references).
+
+Every other package asks this module instead of deciding placement itself, so
+the rules the card imposes (no int/bool tensors on device, floats in the
+compute dtype) are enforced in one place on both targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import importlib
+import importlib.util
+import logging
+
+import torch
+
+from spyre_inference.platform import settings
+
+logger = logging.getLogger(__name__)
+
+#: Spyre moves data in 128-byte sticks; with a 2-byte element that is 64
+#: elements. Every padded dimension (head size, MLP width, block size, encoder
+#: sequence length) is a multiple of this on both targets.
+STICK_BYTES = 128
+STICK_ELEMS = 64
+
+
+def round_up(value: int, multiple: int = STICK_ELEMS) -> int:
+    return -(-value // multiple) * multiple
+
+
+class DeviceTarget(str, enum.Enum):
+    SPYRE = "spyre"
+    CPU = "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetChoice:
+    target: DeviceTarget
+    reason: str
+
+
+def _spyre_card_present() -> tuple[bool, str]:
+    if importlib.util.find_spec("torch_spyre") is None:
+        return False, "torch-spyre is not installed"
+    try:
+        importlib.import_module("torch_spyre")
+    except Exception as exc:  # a broken runtime is as good as no card
+        return False, f"torch-spyre failed to import ({exc!r})"
+    spyre_mod = getattr(torch, "spyre", None)
+    count_fn = getattr(spyre_mod, "device_count", None)
+    try:
+        count = int(count_fn()) if count_fn is not None else 0
+    except Exception as exc:
+        return False, f"torch-spyre could not count devices ({exc!r})"
+    if count <= 0:
+        return False, "torch-spyre is installed but no Spyre card is visible"
+    return True, f"torch-spyre found {count} Spyre card(s)"
+
+
+@functools.cache
+def target_choice() -> TargetChoice:
+    """Decide the device target once per process (logged once)."""
+    requested = settings.get("SPYRE_DEVICE_TARGET")
+    present, why = _spyre_card_present() if requested != "cpu" else (False, "")
+    if requested == "spyre":
+        if not present:
+            raise RuntimeError(
+                f"SPYRE_DEVICE_TARGET=spyre but {why}. Install torch-spyre on a host "
+                "with a Spyre card, or set SPYRE_DEVICE_TARGET=cpu (or auto)."
+            )
+        choice = TargetChoice(DeviceTarget.SPYRE, f"forced by SPYRE_DEVICE_TARGET; {why}")
+    elif requested == "cpu":
+        choice = TargetChoice(DeviceTarget.CPU, "forced by SPYRE_DEVICE_TARGET=cpu")
+    elif present:
+        choice = TargetChoice(DeviceTarget.SPYRE, why)
+    else:
+        choice = TargetChoice(DeviceTarget.CPU, why)
+    logger.info("spyre-inference device target: %s (%s)", choice.target.value, choice.reason)
+    return choice
+
+
+def target() -> DeviceTarget:
+    return target_choice().target
+
+
+def is_spyre() -> bool:
+    return target() is DeviceTarget.SPYRE
+
+
+def device() -> torch.device:
+    """The compute device: ``spyre`` on the card, ``cpu`` on the host target."""
+    return torch.device("spyre") if is_spyre() else torch.device("cpu")
+
+
+def allowed_dtypes() -> tuple[torch.dtype, ...]:
+    """Compute dtypes of the target, the default first."""
+    if is_spyre():
+        return (torch.float16,)
+    return (torch.bfloat16, torch.float16, torch.float32)
+
+
+def default_dtype() -> torch.dtype:
+    return allowed_dtypes()[0]
+
+
+@dataclasses.dataclass
+class TransferCounters:
+    """Host<->device conversions, a cost proxy that predicts the card's cost."""
+
+    h2d: int = 0
+    d2h: int = 0
+
+    def reset(self) -> None:
+        self.h2d = 0
+        self.d2h = 0
+
+
+transfers = TransferCounters()
+
+
+def to_device(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Place a tensor for device compute.
+
+    Int/bool tensors are converted to int64 for the embedding gather; Spyre has
+    no int32/bool compute, so index tensors either stay on the host or travel as
+    int64. Floats move in ``dtype`` (default: unchanged).
+    """
+    dev = device()
+    if t.device == dev and (dtype is None or t.dtype == dtype):
+        return t
+    transfers.h2d += 1
+    return t.to(device=dev, dtype=dtype)
+
+
+def to_host(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Bring a device tensor back to the host (a no-op copy-wise on cpu)."""
+    if t.device.type == "cpu" and (dtype is None or t.dtype == dtype):
+        return t
+    transfers.d2h += 1
+    return t.to(device="cpu", dtype=dtype)
+
+
+def reset_for_tests() -> None:
+    target_choice.cache_clear()
+    settings.reset_cache()

@@ -1,0 +1,154 @@
+"""Every environment variable of the plugin, parsed once.
+
+All sub-packages read their settings from here so that there is exactly one
+place that knows a variable's name, type, default and meaning; the settings
+reference in ``docs/`` is generated from :data:`SETTINGS`. An unknown value is
+a start-up error that names the variable and lists what it accepts, rather than
+a silent fallback to a default the user did not ask for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+
+class SettingError(ValueError):
+    """A plugin environment variable holds a value the plugin cannot use."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One environment variable: how to parse it and what it means."""
+
+    name: str
+    default: str
+    doc: str
+    choices: tuple[str, ...] | None = None
+    parse: Callable[[str], Any] = str
+
+    def read(self) -> Any:
+        raw = os.environ.get(self.name, self.default).strip()
+        if self.choices is not None and raw.lower() not in self.choices:
+            raise SettingError(
+                f"{self.name}={raw!r} is not a valid value; "
+                f"use one of {', '.join(self.choices)} (default {self.default!r})."
+            )
+        try:
+            return self.parse(raw.lower() if self.choices is not None else raw)
+        except (TypeError, ValueError) as exc:
+            raise SettingError(
+                f"{self.name}={raw!r} cannot be parsed: {exc}. "
+                f"Unset it to use the default {self.default!r}."
+            ) from exc
+
+
+def _bool(raw: str) -> bool:
+    return raw in ("1", "true", "yes", "on")
+
+
+_BOOL_CHOICES = ("0", "1", "false", "true", "no", "yes", "off", "on")
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError("must be a positive integer")
+    return value
+
+
+def _int_list(raw: str) -> tuple[int, ...]:
+    """Comma-separated positive integers, '' meaning "derive from the config"."""
+    if not raw:
+        return ()
+    values = tuple(sorted({_positive_int(part.strip()) for part in raw.split(",")}))
+    return values
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "SPYRE_DEVICE_TARGET",
+        "auto",
+        "Which device the plugin computes on. `auto` picks `spyre` when torch-spyre "
+        "imports and a card is present, else `cpu`; `spyre` fails at start-up "
+        "without a card; `cpu` forces the host target (same layouts, bucketing "
+        "and compilation, computed on the CPU).",
+        choices=("auto", "spyre", "cpu"),
+    ),
+    Setting(
+        "SPYRE_COMPILE_GRANULARITY",
+        "block",
+        "What torch.compile wraps under STOCK_TORCH_COMPILE: `block` compiles each "
+        "decoder/encoder block in place (compile cost independent of depth); "
+        "`model` compiles the whole model as one graph.",
+        choices=("block", "model"),
+    ),
+    Setting(
+        "SPYRE_NUM_TOKENS_BUCKETS",
+        "",
+        "Comma-separated packed num_tokens buckets for the block graphs. Empty: "
+        "derived from max_num_batched_tokens and max_num_seqs.",
+        parse=_int_list,
+    ),
+    Setting(
+        "SPYRE_ATTN_KV_LAYOUT",
+        "token_major",
+        "KV-cache page layout: `token_major` ([blocks, block_size, kv_heads, head]) "
+        "or `head_major` ([blocks, kv_heads, block_size, head]).",
+        choices=("token_major", "head_major"),
+    ),
+    Setting(
+        "SPYRE_ATTN_RECORD",
+        "1",
+        "Pre-compile every attention kernel variant the bucketer can produce during "
+        "warm-up (1), or compile each variant lazily on first use (0).",
+        choices=_BOOL_CHOICES,
+        parse=_bool,
+    ),
+    Setting(
+        "SPYRE_BATCHED_DECODE",
+        "1",
+        "Use the batched-decode attention kernel for decode-only sequences "
+        "(token-major layout only).",
+        choices=_BOOL_CHOICES,
+        parse=_bool,
+    ),
+    Setting(
+        "SPYRE_ATTN_NUM_SEQS_BUCKETS",
+        "",
+        "Comma-separated num-sequences buckets for the batched-decode kernel. "
+        "Empty: powers of two from 4 to max_num_seqs.",
+        parse=_int_list,
+    ),
+    Setting(
+        "SPYRE_ATTN_MAX_CORES",
+        "8",
+        "Core cap for the head-major attention compile on the spyre target.",
+        parse=_positive_int,
+    ),
+)
+
+_BY_NAME = {s.name: s for s in SETTINGS}
+
+
+@functools.cache
+def get(name: str) -> Any:
+    """The parsed value of a plugin setting (cached: parsed once per process)."""
+    try:
+        setting = _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"{name} is not a spyre-inference setting") from None
+    return setting.read()
+
+
+def validate_all() -> dict[str, Any]:
+    """Parse every setting now so a bad value fails start-up, not a request."""
+    return {s.name: get(s.name) for s in SETTINGS}
+
+
+def reset_cache() -> None:
+    """Forget parsed values (tests that change the environment call this)."""
+    get.cache_clear()
