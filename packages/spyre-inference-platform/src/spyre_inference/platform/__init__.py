@@ -1,13 +1,15 @@
 """spyre-inference platform core: the vLLM platform plugin for IBM Spyre.
 
 Entry point ``vllm.platform_plugins: spyre = spyre_inference.platform:register``.
+
+Device placement lives in :mod:`spyre_inference.platform.device` (import the
+module: ``from spyre_inference.platform import device``).
 """
 
 from spyre_inference.platform._version import __version__
 from spyre_inference.platform.device import (
     STICK_ELEMS,
     DeviceTarget,
-    device,
     is_spyre,
     round_up,
     target,
@@ -32,7 +34,6 @@ __all__ = [
     "STICK_ELEMS",
     "DeviceTarget",
     "__version__",
-    "device",
     "is_spyre",
     "register",
     "round_up",

@@ -21,13 +21,13 @@ import enum
 import functools
 import importlib
 import importlib.util
-import logging
 
 import torch
+from vllm.logger import init_logger
 
 from spyre_inference.platform import settings
 
-logger = logging.getLogger(__name__)
+logger = init_logger(__name__)
 
 #: Spyre moves data in 128-byte sticks; with a 2-byte element that is 64
 #: elements. Every padded dimension (head size, MLP width, block size, encoder
@@ -40,7 +40,7 @@ def round_up(value: int, multiple: int = STICK_ELEMS) -> int:
     return -(-value // multiple) * multiple
 
 
-class DeviceTarget(str, enum.Enum):
+class DeviceTarget(enum.StrEnum):
     SPYRE = "spyre"
     CPU = "cpu"
 

@@ -1,0 +1,175 @@
+"""``TorchSpyreModelRunner``: vLLM's GPU model runner with Spyre as the "GPU".
+
+The runner keeps ``self.device`` on the host so the scheduler's bookkeeping
+(block tables, slot mapping, indexing) runs there; float compute lands on
+``spyre_inference.platform.device.device()`` (spec, "Device Placement
+Strategy"). On the cpu target both are the host, so the host/device buffer
+pairs collapse to one tensor and no copy is made.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+import torch
+from torch import nn
+from vllm.config import CompilationMode, VllmConfig
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader import get_model
+from vllm.v1.utils import CpuGpuBuffer
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+from spyre_inference.platform import device as dev
+from spyre_inference.platform.block_compile import compile_model, raise_recompile_limit
+from spyre_inference.platform.buffers import SpyreCpuGpuBuffer, alias_host_buffers
+from spyre_inference.platform.host_env import cuda_stream_placeholders, neutralize_cuda_runtime
+from spyre_inference.platform.model_wrapper import _SpyreModelWrapper
+from spyre_inference.platform.token_buckets import TokenBuckets
+
+logger = init_logger(__name__)
+
+
+class TorchSpyreModelRunner(GPUModelRunner):
+    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
+        neutralize_cuda_runtime()
+        with cuda_stream_placeholders():
+            super().__init__(vllm_config, device)
+        self.use_cuda_graph = False
+        self._spyre_device = dev.device()
+        self.compiled = vllm_config.compilation_config.mode == CompilationMode.STOCK_TORCH_COMPILE
+        self.token_buckets = TokenBuckets(self.max_num_tokens)
+        self._wrapper: _SpyreModelWrapper | None = None
+        # Buffers built by vLLM's input batch and block tables hold sampling
+        # parameters and index bookkeeping: host data on both targets.
+        alias_host_buffers(self)
+
+    # ---- buffers ---------------------------------------------------------
+
+    def _make_buffer(
+        self, *size: int | torch.SymInt, dtype: torch.dtype, numpy: bool = True
+    ) -> CpuGpuBuffer:
+        return SpyreCpuGpuBuffer(*size, dtype=dtype, with_numpy=numpy)
+
+    # ---- model -----------------------------------------------------------
+
+    def load_model(self, load_dummy_weights: bool = False, **kwargs: Any) -> None:
+        if load_dummy_weights:
+            raise ValueError("Dummy-weight reloading (elastic EP) is not supported on Spyre.")
+        start = time.perf_counter()
+        logger.info(
+            "Loading model %s on the %s target", self.model_config.model, dev.target().value
+        )
+        # Layers' process_weights_after_loading (transposes, padding) runs
+        # inside get_model, while the weights are still on the host.
+        model = get_model(vllm_config=self.vllm_config)
+        if dev.is_spyre():
+            _move_to_device(model)
+        self.model = model
+        self._wrapper = _SpyreModelWrapper(model)
+        self.model_memory_usage = sum(p.numel() * p.element_size() for p in model.parameters())
+        if self.compiled:
+            raise_recompile_limit(len(self.token_buckets.sizes) + 8)
+            self.compile_granularity = compile_model(model)
+        logger.info("Model loaded in %.1f s", time.perf_counter() - start)
+
+    def _model_forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        positions: torch.Tensor | None = None,
+        intermediate_tensors: Any = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **model_kwargs: Any,
+    ) -> Any:
+        assert self._wrapper is not None
+        return self._wrapper(
+            input_ids=input_ids,
+            positions=positions,
+            intermediate_tensors=intermediate_tensors,
+            inputs_embeds=inputs_embeds,
+            **model_kwargs,
+        )
+
+    # ---- shapes ----------------------------------------------------------
+
+    def _determine_batch_execution_and_padding(self, num_tokens: int, *args: Any, **kwargs: Any):
+        mode, desc, ubatch, across_dp, stats = super()._determine_batch_execution_and_padding(
+            num_tokens, *args, **kwargs
+        )
+        if self.compiled:
+            # Block graphs are specialized to one num_tokens each: run the
+            # step at its bucket (the padding rows are masked out).
+            desc = dataclasses.replace(desc, num_tokens=self.token_buckets.pad(num_tokens))
+        return mode, desc, ubatch, across_dp, stats
+
+    def warm_up(self) -> None:
+        """Run every num_tokens bucket once so no request pays a compile."""
+        if not self.compiled:
+            return
+        sizes = self.token_buckets.sizes
+        start = time.perf_counter()
+        logger.info("Warm-up: compiling %d num_tokens buckets %s", len(sizes), list(sizes))
+        for i, size in enumerate(sorted(sizes, reverse=True), 1):
+            t0 = time.perf_counter()
+            self._dummy_run(size, skip_eplb=True, remove_lora=False)
+            logger.info(
+                "Warm-up %d/%d: num_tokens=%d in %.1f s (%.1f s total)",
+                i,
+                len(sizes),
+                size,
+                time.perf_counter() - t0,
+                time.perf_counter() - start,
+            )
+        logger.info("Warm-up done in %.1f s", time.perf_counter() - start)
+
+    # ---- CUDA-only pieces ------------------------------------------------
+
+    def _sync_device(self) -> None:
+        return None
+
+    def _to_list(self, sampled_token_ids: torch.Tensor) -> list[list[int]]:
+        # The sampler runs on the host: no event to wait for.
+        return sampled_token_ids.tolist()
+
+    def _zero_block_ids(self, block_ids: list[int]) -> None:
+        """Zero freshly allocated KV blocks so stale values never enter a softmax."""
+        if not block_ids:
+            return
+        idx = torch.tensor(block_ids, dtype=torch.int64)
+        seen: set[int] = set()
+        for kv in self.kv_caches:
+            tensors = kv if isinstance(kv, (list, tuple)) else [kv]
+            for t in tensors:
+                if not isinstance(t, torch.Tensor) or t.data_ptr() in seen:
+                    continue
+                seen.add(t.data_ptr())
+                _zero_blocks(t, idx, self.kv_cache_config.num_blocks)
+
+
+def _zero_blocks(t: torch.Tensor, idx: torch.Tensor, num_blocks: int) -> None:
+    # The block axis is the one whose size is num_blocks (K/V may be stacked
+    # ahead of it, depending on the backend's layout).
+    for dim, size in enumerate(t.shape):
+        if size == num_blocks:
+            t.index_fill_(dim, idx.to(t.device), 0)
+            return
+
+
+def _move_to_device(model: nn.Module) -> None:
+    """Move the model to the card, except Attention scale buffers.
+
+    Spec: "load_model moves every module except Attention scale buffers onto
+    Spyre" — those scales are read on the host by the attention metadata path.
+    """
+    from vllm.model_executor.layers.attention import Attention
+
+    target = dev.device()
+    for module in model.modules():
+        keep_on_host = isinstance(module, Attention)
+        for param in module.parameters(recurse=False):
+            param.data = param.data.to(target)
+        for name, buf in list(module.named_buffers(recurse=False)):
+            if keep_on_host and "scale" in name:
+                continue
+            module._buffers[name] = buf.to(target)

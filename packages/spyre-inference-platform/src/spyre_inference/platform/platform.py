@@ -1,0 +1,290 @@
+"""``TorchSpyrePlatform``: how vLLM sees a Spyre card (or the cpu target).
+
+vLLM resolves exactly one platform per process; this class is what the
+``vllm.platform_plugins`` entry point names. It owns the config rules of the
+spec (dtype, block size, parallelism, compilation mode, worker class) and
+points vLLM at the worker, attention backends and communicator, the latter two
+discovered through the core's own entry-point groups.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms.interface import Platform, PlatformEnum
+
+from spyre_inference.platform import device as dev
+from spyre_inference.platform import discovery, settings
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    from vllm.v1.attention.selector import AttentionSelectorConfig
+
+logger = init_logger(__name__)
+
+#: Spec: "The default is 128, and a user-supplied block_size is rounded up to
+#: the next multiple of 64" (a KV page must be whole 64-element sticks).
+DEFAULT_BLOCK_SIZE = 128
+
+#: Attention backend entry-point names (group spyre_inference.attention_backends).
+TOKEN_MAJOR = "token_major"
+HEAD_MAJOR = "head_major"
+ENCODER = "encoder"
+
+WORKER_QUALNAME = "spyre_inference.platform.worker.TorchSpyreWorker"
+BASE_COMMUNICATOR = (
+    "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
+)
+
+
+class ConfigError(ValueError):
+    """A configuration the plugin cannot serve; raised at start-up."""
+
+
+class TorchSpyrePlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "spyre"  # per target, see __init__
+    # The runner's ``self.device`` stays on the host on both targets: block
+    # tables, slot mappings and other index bookkeeping run there (spec,
+    # "Device Placement Strategy"); float compute goes to ``device.device()``.
+    device_type: str = "cpu"
+    dispatch_key: str = "CPU"
+    # gloo serves the host half of collectives on both targets; on a card the
+    # comms package adds the spyreccl half to the process group.
+    dist_backend: str = "gloo"
+    simple_compile_backend: str = "inductor"
+    supported_quantization: list[str] = []
+
+    def __init__(self) -> None:
+        # vLLM builds torch.device(f"{device_name}:{index}") for process
+        # groups, so the name must be a torch device type: "spyre" (registered
+        # by torch-spyre) on the card, "cpu" on the host target.
+        self.device_name = dev.device().type
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return list(dev.allowed_dtypes())
+
+    # ---- device queries -------------------------------------------------
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return f"spyre ({dev.target().value} target)"
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+
+    @classmethod
+    def get_current_memory_usage(cls, device: torch.types.Device | None = None) -> float:
+        import psutil
+
+        return float(psutil.Process().memory_info().rss)
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        # Nothing to select: one card (or the host) per worker process.
+        return None
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        # torch.manual_seed (called by vLLM's set_random_seed) seeds the host
+        # generator, which is the one every sampling op uses on both targets
+        # (logits are moved to the host before sampling).
+        return None
+
+    @classmethod
+    def inference_mode(cls):
+        return torch.no_grad()
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        # Pinned host memory is a CUDA concept; torch-spyre does not use it.
+        return False
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        # vLLM is built with VLLM_TARGET_DEVICE=empty: there is no vllm._C.
+        return None
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        # Attention runs behind vLLM's unified_attention_with_output custom op
+        # so compiled block graphs never trace into it (spec, "Compilation
+        # Granularity": attention compiles its own kernels).
+        return True
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def supports_structured_output(cls) -> bool:
+        return True
+
+    @classmethod
+    def num_compute_units(cls, device_id: int = 0) -> int:
+        return torch.get_num_threads()
+
+    @classmethod
+    def register_triton_kernel_overrides(cls) -> None:
+        # Without compiled kernels, vLLM's Triton slot-mapping kernel has no
+        # backend here; route it to the pure-PyTorch implementation.
+        from vllm.triton_utils.dispatcher import register_kernels
+
+        from spyre_inference.platform.slot_mapping import compute_slot_mapping_kernel
+
+        kernel = "vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel"
+        register_kernels({kernel: compute_slot_mapping_kernel})
+
+    # ---- component selection --------------------------------------------
+
+    @classmethod
+    def get_attn_backend_cls(
+        cls,
+        selected_backend: AttentionBackendEnum | None,
+        attn_selector_config: AttentionSelectorConfig,
+        num_heads: int | None = None,
+    ) -> str:
+        from vllm.v1.attention.backend import AttentionType
+
+        cfg = attn_selector_config
+        if cfg.use_mla or cfg.use_sparse:
+            raise NotImplementedError(
+                "spyre-inference has no MLA or sparse attention backend; models such as "
+                "DeepSeek-V2/V3 are not supported."
+            )
+        if cfg.attn_type in (AttentionType.ENCODER, AttentionType.ENCODER_ONLY):
+            name = ENCODER
+        else:
+            name = settings.get("SPYRE_ATTN_KV_LAYOUT")
+        qualname = discovery.resolve_qualname(
+            discovery.ATTENTION_BACKENDS_GROUP, name, "the attention backend"
+        )
+        logger.info("spyre-inference attention backend: %s (%s)", name, qualname)
+        return qualname
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        if "spyre" in discovery.available(discovery.COMMUNICATORS_GROUP):
+            return discovery.resolve_qualname(
+                discovery.COMMUNICATORS_GROUP, "spyre", "the device communicator"
+            )
+        # Only reachable at TP=1 (check_and_update_config rejects TP>1
+        # without the comms package), where no collective is ever issued.
+        return BASE_COMMUNICATOR
+
+    @classmethod
+    def get_punica_wrapper(cls) -> str:
+        raise NotImplementedError("LoRA is not supported by spyre-inference yet.")
+
+    # ---- config rules ----------------------------------------------------
+
+    @classmethod
+    def pre_register_and_update(cls, parser=None) -> None:
+        # Bad plugin settings fail before anything is built.
+        settings.validate_all()
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        from vllm.config import CompilationMode, CUDAGraphMode
+
+        settings.validate_all()
+        choice = dev.target_choice()
+
+        parallel = vllm_config.parallel_config
+        if parallel.data_parallel_size > 1:
+            raise ConfigError(
+                f"data_parallel_size={parallel.data_parallel_size} is not supported by "
+                "spyre-inference: run one server per card instead, or use "
+                "--tensor-parallel-size to span cards. Remove --data-parallel-size."
+            )
+        if parallel.pipeline_parallel_size > 1:
+            raise ConfigError(
+                f"pipeline_parallel_size={parallel.pipeline_parallel_size} is not supported "
+                "by spyre-inference; use --tensor-parallel-size instead."
+            )
+        if parallel.tensor_parallel_size > 1 and "spyre" not in discovery.available(
+            discovery.COMMUNICATORS_GROUP
+        ):
+            raise discovery.MissingPackageError(
+                f"tensor_parallel_size={parallel.tensor_parallel_size} needs the device "
+                "communicator from 'spyre-inference-comms', which is not installed. "
+                "pip install spyre-inference-comms (or the full set, spyre-inference)."
+            )
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = WORKER_QUALNAME
+        # The engine's mp executor must spawn, not fork: the parent may hold
+        # an initialised OpenMP pool / Inductor worker threads.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+
+        model_config = vllm_config.model_config
+        if model_config is not None:
+            cls._check_dtype(model_config.dtype, choice.target)
+            cache_dtype = vllm_config.cache_config.cache_dtype
+            if (
+                cache_dtype not in ("auto", None)
+                and getattr(torch, str(cache_dtype), None) != model_config.dtype
+            ):
+                raise ConfigError(
+                    f"--kv-cache-dtype {cache_dtype} is not supported: the Spyre KV cache is "
+                    f"kept in the model dtype ({model_config.dtype}). Remove --kv-cache-dtype "
+                    "or set it to auto."
+                )
+
+        cls._set_block_size(vllm_config)
+
+        # Scheduling: the runner is synchronous (no CUDA streams to overlap).
+        vllm_config.scheduler_config.async_scheduling = False
+
+        compilation = vllm_config.compilation_config
+        compilation.cudagraph_mode = CUDAGraphMode.NONE
+        compilation.cudagraph_capture_sizes = []
+        if model_config is not None and model_config.enforce_eager:
+            compilation.mode = CompilationMode.NONE
+        else:
+            # Spec: blocks are compiled by the runner with stock torch.compile
+            # (Inductor, dynamic=False); vLLM's own piecewise pipeline is not used.
+            compilation.mode = CompilationMode.STOCK_TORCH_COMPILE
+
+    @classmethod
+    def _check_dtype(cls, dtype: torch.dtype, target: dev.DeviceTarget) -> None:
+        allowed = dev.allowed_dtypes()
+        if dtype not in allowed:
+            names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
+            hint = (
+                "The Spyre card computes in float16 only"
+                if target is dev.DeviceTarget.SPYRE
+                else "The cpu target computes in bfloat16 (default), float16 or float32"
+            )
+            raise ConfigError(
+                f"--dtype {str(dtype).removeprefix('torch.')} is not supported on the "
+                f"{target.value} target. {hint}: pass --dtype with one of {names}."
+            )
+
+    @classmethod
+    def _set_block_size(cls, vllm_config: VllmConfig) -> None:
+        cache = vllm_config.cache_config
+        if cache.user_specified_block_size:
+            aligned = dev.round_up(cache.block_size)
+            if aligned != cache.block_size:
+                logger.warning(
+                    "block_size=%d is not a multiple of the %d-element Spyre stick; "
+                    "rounding up to %d.",
+                    cache.block_size,
+                    dev.STICK_ELEMS,
+                    aligned,
+                )
+                cache.block_size = aligned
+        else:
+            cache.block_size = DEFAULT_BLOCK_SIZE
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        cls._check_dtype(dtype, dev.target())

@@ -1,0 +1,177 @@
+"""``TorchSpyreWorker``: vLLM's GPU worker with the CUDA-only pieces replaced.
+
+It inherits from vLLM's ``gpu_worker.Worker`` (not ``CPUWorker``): Spyre needs
+none of the CPU backend's NUMA binding or OpenMP set-up, and the GPU worker is
+the one whose control flow (load, profile, allocate KV, warm up, execute) the
+card follows. What is CUDA-specific — device selection, memory snapshots and
+profiling, cumem memory pools, CUDA-graph capture, sleep mode — is overridden
+here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import psutil
+import torch
+from vllm.config import VllmConfig
+from vllm.logger import init_logger
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+from vllm.v1.worker.worker_base import CompilationTimes
+
+from spyre_inference.platform import device as dev
+from spyre_inference.platform.host_env import neutralize_cuda_runtime
+
+logger = init_logger(__name__)
+
+GiB = 1 << 30
+
+
+def host_threads(world_size: int) -> int:
+    """Compute threads per worker on the cpu target (OMP_NUM_THREADS wins)."""
+    explicit = os.environ.get("OMP_NUM_THREADS")
+    # vLLM's process launcher may set OMP_NUM_THREADS=1 itself (and says so
+    # in this marker); only a user's own value counts.
+    if os.environ.get("VLLM_OMP_NUM_THREADS_SET_BY_VLLM") == "1":
+        explicit = None
+    if explicit and explicit.isdigit() and int(explicit) > 0:
+        return int(explicit)
+    cores = len(os.sched_getaffinity(0))
+    return max(1, cores // max(1, world_size))
+
+
+class TorchSpyreWorker(Worker):
+    def __init__(
+        self,
+        vllm_config: VllmConfig,
+        local_rank: int,
+        rank: int,
+        distributed_init_method: str,
+        is_driver_worker: bool = False,
+    ) -> None:
+        neutralize_cuda_runtime()
+        super().__init__(
+            vllm_config,
+            local_rank,
+            rank,
+            distributed_init_method,
+            is_driver_worker=is_driver_worker,
+        )
+        # vLLM's custom all-reduce is a CUDA IPC kernel.
+        self.parallel_config.disable_custom_all_reduce = True
+
+    def init_device(self) -> None:
+        choice = dev.target_choice()
+        # The runner's bookkeeping device is the host on both targets; float
+        # compute is placed by spyre_inference.platform.device.
+        self.device = torch.device("cpu")
+        from spyre_inference.platform.platform import TorchSpyrePlatform
+
+        TorchSpyrePlatform.check_if_supports_dtype(self.model_config.dtype)
+        if dev.is_spyre():
+            # torch-spyre's collective library reads the rank environment when
+            # it loads; set it before the process group is created.
+            from spyre_inference.platform.distributed_env import export_rank_env
+
+            export_rank_env(self.rank, self.local_rank, self.parallel_config.world_size)
+        init_worker_distributed_environment(
+            self.vllm_config,
+            self.rank,
+            self.distributed_init_method,
+            self.local_rank,
+            "gloo",
+        )
+        set_random_seed(self.model_config.seed)
+        logger.info(
+            "TorchSpyreWorker rank %d on the %s target (%s)",
+            self.rank,
+            choice.target.value,
+            choice.reason,
+        )
+        self._init_workspace_and_model_runner()
+
+    def _make_model_runner(self):
+        from spyre_inference.platform.model_runner import TorchSpyreModelRunner
+
+        return TorchSpyreModelRunner(self.vllm_config, self.device)
+
+    def load_model(self, *args: Any, **kwargs: Any) -> None:
+        super().load_model(*args, **kwargs)
+        if not dev.is_spyre():
+            # vLLM drops torch to one intra-op thread for serving because on
+            # a GPU no host op benefits from more. On the cpu target the host
+            # *is* the compute device: give each worker its share of the cores
+            # (before warm-up, so Dynamo's thread-count guards stay valid).
+            threads = host_threads(self.parallel_config.world_size)
+            torch.set_num_threads(threads)
+            logger.info("cpu target: %d torch threads for compute", threads)
+
+    def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
+        # cumem pools are a CUDA allocator feature (sleep mode); not here.
+        return nullcontext()
+
+    @torch.inference_mode()
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache.
+
+        An explicit ``--kv-cache-memory-bytes`` wins. Otherwise the budget is
+        ``gpu_memory_utilization`` of the host's memory minus what this
+        process already holds, as vLLM's CPU backend does, but capped at what
+        ``max_num_seqs`` full-length sequences can use (twice over, to leave
+        room for prefix-cache reuse): unlike device memory, host memory not
+        taken by the cache stays useful to everything else on the machine.
+        """
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit:
+            return int(explicit)
+        vm = psutil.virtual_memory()
+        rss = psutil.Process().memory_info().rss
+        budget = int(vm.total * self.cache_config.gpu_memory_utilization) - rss
+        budget = min(budget, int(vm.available * 0.9))
+        needed = 2 * self._bytes_for_full_batch()
+        kv_bytes = min(budget, needed) if needed > 0 else budget
+        if kv_bytes <= 0:
+            raise ValueError(
+                f"No memory left for the KV cache: the worker holds {rss / GiB:.2f} GiB and "
+                f"gpu_memory_utilization={self.cache_config.gpu_memory_utilization} of "
+                f"{vm.total / GiB:.1f} GiB is reserved. Raise --gpu-memory-utilization or "
+                "pass --kv-cache-memory-bytes."
+            )
+        logger.info(
+            "KV cache budget %.3f GiB (host available %.1f GiB, worker RSS %.2f GiB)",
+            kv_bytes / GiB,
+            vm.available / GiB,
+            rss / GiB,
+        )
+        return kv_bytes
+
+    def _bytes_for_full_batch(self) -> int:
+        specs = self.model_runner.get_kv_cache_spec()
+        if not specs:
+            return 0
+        max_len = self.model_config.max_model_len
+        seqs = self.scheduler_config.max_num_seqs
+        total = 0
+        for spec in specs.values():
+            page = spec.page_size_bytes
+            blocks_per_seq = -(-max_len // spec.block_size)
+            total += page * (blocks_per_seq * seqs + 1)
+        return total
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        start = time.perf_counter()
+        self.model_runner.warm_up()
+        elapsed = time.perf_counter() - start
+        # Reset the seed so warm-up does not shift the sampling RNG.
+        set_random_seed(self.model_config.seed)
+        return CompilationTimes(language_model=elapsed, encoder=0.0)
+
+    def sleep(self, level: int = 1) -> None:
+        logger.warning("Sleep mode is not supported by spyre-inference; ignoring.")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        logger.warning("Sleep mode is not supported by spyre-inference; ignoring.")
