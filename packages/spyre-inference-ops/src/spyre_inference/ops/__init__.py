@@ -1,10 +1,48 @@
-"""Spyre layer swaps for vLLM (filled in by the ops issue)."""
+"""Spyre layer swaps for vLLM.
+
+``register_ops`` (the ``vllm.general_plugins`` entry point) registers every
+swap with vLLM's ``register_oot`` and the ``spyre_convert`` custom op. The layer
+classes are importable from here for inspection and tests; importing this
+package alone does not import vLLM's layers (vLLM loads general plugins early,
+and the swaps are registered only when ``register_ops`` runs).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from spyre_inference.ops._version import __version__
+from spyre_inference.ops.register import register_all, register_ops
+
+#: Public name -> defining module (imported on first access).
+_EXPORTS = {
+    "SpyreTransposedWeightMethod": "transposed_weight",
+    "SpyreUnquantizedLinearMethod": "transposed_weight",
+    "install_transposed_method": "transposed_weight",
+    "spyre_linear_t": "transposed_weight",
+    "SpyreColumnParallelLinear": "linear",
+    "SpyreMergedColumnParallelLinear": "linear",
+    "SpyreQKVParallelLinear": "linear",
+    "SpyreReplicatedLinear": "linear",
+    "SpyreRowParallelLinear": "linear",
+    "SpyreParallelLMHead": "lm_head",
+    "SpyreUnquantizedLMHeadMethod": "lm_head",
+    "SpyreLogitsProcessor": "logits",
+    "SpyreVocabParallelEmbedding": "embedding",
+    "SpyreRotaryEmbedding": "rotary",
+    "SpyreLlama3RotaryEmbedding": "rotary",
+    "SpyreGemmaRMSNorm": "gemma_norm",
+    "SpyreGateLinear": "gate_linear",
+    "spyre_convert": "convert",
+}
 
 
-def register_ops() -> None:
-    """vLLM general-plugin hook (idempotent)."""
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
-__all__ = ["__version__", "register_ops"]
+__all__ = ["__version__", "register_all", "register_ops", *sorted(_EXPORTS)]

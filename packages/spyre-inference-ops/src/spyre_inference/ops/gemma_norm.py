@@ -1,0 +1,54 @@
+"""Gemma's RMSNorm in the activation dtype, with no float32 promotion.
+
+Upstream computes ``x * rsqrt(mean(x^2) + eps)`` in float32 and multiplies by
+``1 + w`` in float32 before casting back. Plain ``RMSNorm``'s float32 body
+lowers on Spyre, but Gemma's trailing float32 weight multiply does not: the
+``[hidden]`` weight is a STANDARD-layout operand that torch-spyre can neither
+broadcast against a staggered activation nor de-stagger. The Spyre body keeps
+everything in the activation dtype (float16 on the card, bfloat16 by default
+on the cpu target), which costs half-precision rounding in the variance and in
+``1 + w`` and nothing else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+
+from spyre_inference.ops._oot import spyre_oot
+
+
+def gemma_rms_norm_native_dtype(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Gemma RMSNorm (``x * rsqrt(mean(x^2) + eps) * (1 + w)``) in ``x.dtype``."""
+    if residual is not None:
+        x = x + residual
+        residual = x
+    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    out = x * torch.rsqrt(variance + eps) * (1.0 + weight.to(x.dtype))
+    return out if residual is None else (out, residual)
+
+
+@spyre_oot(GemmaRMSNorm)
+class SpyreGemmaRMSNorm(GemmaRMSNorm):
+    """``GemmaRMSNorm`` whose body never leaves the activation dtype."""
+
+    def dispatch_forward(self, compile_native: bool = False) -> Any:
+        # vLLM routes a disabled custom op to forward_native (upstream's
+        # float32 body); the Spyre body must run whatever custom_ops says.
+        del compile_native
+        return self.forward_oot
+
+    def forward_oot(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return gemma_rms_norm_native_dtype(x, self.weight, self.variance_epsilon, residual)
+
+
+__all__ = ["SpyreGemmaRMSNorm", "gemma_rms_norm_native_dtype"]

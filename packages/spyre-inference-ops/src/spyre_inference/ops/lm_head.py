@@ -1,0 +1,55 @@
+"""The LM head: vocabulary rows padded to 64x32, stored transposed.
+
+The per-rank LM-head weight ``[vocab_per_rank, hidden]`` is zero-padded to a
+multiple of ``64 * 32`` rows (whole 64-element sticks across Spyre's 32 cores,
+so the vocabulary axis of ``x @ Wt`` splits evenly) and transposed once at load
+to ``[hidden, vocab_padded]``. ``apply`` runs the plain matmul and slices the
+pad columns off on the device; the logits stay on the device, so a TP
+all-gather runs there (the logits processor moves them to the host after).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+from vllm.model_executor.layers.vocab_parallel_embedding import (
+    ParallelLMHead,
+    UnquantizedEmbeddingMethod,
+)
+
+from spyre_inference.ops._oot import spyre_oot
+from spyre_inference.ops.transposed_weight import SpyreTransposedWeightMethod
+from spyre_inference.platform.device import STICK_ELEMS
+
+#: Spyre has 32 cores; a vocabulary that is a multiple of 32 sticks splits
+#: evenly across them.
+SPYRE_CORES = 32
+LM_HEAD_ROW_ALIGN = STICK_ELEMS * SPYRE_CORES
+
+
+class SpyreUnquantizedLMHeadMethod(SpyreTransposedWeightMethod, UnquantizedEmbeddingMethod):
+    """The transposed-weight fast path with 64x32 row padding, for the LM head.
+
+    The padded, transposed matrix is a new parameter ``padded_weight_t``; the
+    head's ``weight`` is dropped after load (with tied embeddings the input
+    embedding keeps its own reference to it).
+    """
+
+    WEIGHT_T_ATTR = "padded_weight_t"
+    ROW_ALIGN = LM_HEAD_ROW_ALIGN
+
+
+@spyre_oot(ParallelLMHead)
+class SpyreParallelLMHead(ParallelLMHead):
+    """``ParallelLMHead`` whose unquantized method is :class:`SpyreUnquantizedLMHeadMethod`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # A quant config that excludes the head hands out the plain linear
+        # method instead of the embedding one: both are unquantized weights.
+        if type(self.quant_method) in (UnquantizedEmbeddingMethod, UnquantizedLinearMethod):
+            self.quant_method = SpyreUnquantizedLMHeadMethod()
+
+
+__all__ = ["LM_HEAD_ROW_ALIGN", "SpyreParallelLMHead", "SpyreUnquantizedLMHeadMethod"]

@@ -1,0 +1,198 @@
+"""RoPE as a gather from a precomputed 2x2 rotation cache, fully in the graph.
+
+Upstream derives ``cos``/``sin`` per step by chunking ``cos_sin_cache`` and
+rotates with ``x * cos + rotate_neox(x) * sin`` (a negate, a concat and a
+half-slice per head). The Spyre form precomputes, for every position, the 2x2
+rotation matrix of each frequency::
+
+    rotation_cache[pos, :, :, j] = [[cos, -sin],
+                                    [sin,  cos]]      # [max_pos, 2, 2, rotary_dim//2]
+
+so a step is one ``index_select`` of the positions' matrices and a 2x2
+multiply of each head's two halves: no concat, no negation, no odd-offset
+slice, and nothing that has to run off the device.
+
+The cache is a buffer built at construction, on the host, from upstream's own
+``cos_sin_cache`` (same frequencies, same dtype rounding); ``.to(device)``
+moves it with the module, before the runner compiles anything. Building it
+lazily inside a traced forward segfaults libsenlib during warm-up on Spyre,
+whereas indexing an already-materialised device cache is clean.
+
+Only neox-style, full-width rotary is supported: the 2x2 form pairs the two
+halves of a whole head. Anything else raises ``NotImplementedError`` when the
+layer is built, naming the configuration. With head-dim stick padding
+(``spyre_inference.platform.stick_pad``) the cache keeps the *original*
+frequencies and gives the padded entries of each half the identity rotation;
+the padded Q/K entries are zero, so they stay zero.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from vllm.model_executor.layers.rotary_embedding import Llama3RotaryEmbedding, RotaryEmbedding
+
+from spyre_inference.ops._oot import spyre_oot
+from spyre_inference.platform.stick_pad import DimPad, current_plan
+
+
+def rotation_cache_from_cos_sin(cos_sin_cache: torch.Tensor) -> torch.Tensor:
+    """``[max_pos, rotary_dim]`` (cos | sin halves) -> ``[max_pos, 2, 2, rotary_dim//2]``."""
+    cos, sin = cos_sin_cache.chunk(2, dim=-1)
+    first_row = torch.stack((cos, -sin), dim=1)
+    second_row = torch.stack((sin, cos), dim=1)
+    return torch.stack((first_row, second_row), dim=1).contiguous()
+
+
+def rotate_neox_2x2(x: torch.Tensor, rotation: torch.Tensor, head_size: int) -> torch.Tensor:
+    """Rotate every head of ``x`` (``[tokens, heads * head_size]`` or ``[tokens, heads,
+    head_size]``) by the per-token matrices ``rotation`` (``[tokens, 2, 2, head_size//2]``).
+
+    ``out[a] = R[a, 0] * x1 + R[a, 1] * x2`` for the halves ``x1``, ``x2`` of a head;
+    the same products and sums as upstream's ``x1*cos - x2*sin``, ``x2*cos + x1*sin``.
+    """
+    shape = x.shape
+    tokens = rotation.shape[0]
+    halves = x.reshape(tokens, -1, 2, head_size // 2)
+    rot = rotation.unsqueeze(1)  # [tokens, 1, 2, 2, half]
+    out = rot[:, :, :, 0, :] * halves[:, :, 0:1, :] + rot[:, :, :, 1, :] * halves[:, :, 1:2, :]
+    return out.reshape(shape)
+
+
+class _SpyreRotaryMixin:
+    """What both Spyre RoPE classes add to their upstream class."""
+
+    head_size: int
+    rotary_dim: int
+    is_neox_style: bool
+    dtype: torch.dtype
+    cos_sin_cache: torch.Tensor
+    rotation_cache: torch.Tensor
+
+    @classmethod
+    def _check_supported(cls, head_size: int, rotary_dim: int, is_neox_style: bool) -> None:
+        if not is_neox_style or rotary_dim != head_size:
+            raise NotImplementedError(
+                f"{cls.__name__} supports only neox-style rotary over the full head; got "
+                f"head_size={head_size}, rotary_dim={rotary_dim}, "
+                f"is_neox_style={is_neox_style}. Spyre's 2x2 rotation pairs the two halves "
+                "of a whole head: GPT-J-style (interleaved) and partial rotary embeddings "
+                "are not implemented."
+            )
+
+    def _head_pad(self) -> DimPad | None:
+        plan = current_plan()
+        pad = plan.head_dim if plan is not None else None
+        if pad is None or self.head_size != pad.padded or pad.padded == pad.original:
+            return None
+        return pad
+
+    def _build_rotation_cache(self) -> None:
+        pad = self._head_pad()
+        if pad is not None:
+            # The model was built with the padded head size, so upstream's
+            # cache spreads frequencies over the padded width. Recompute them
+            # over the original width (upstream's own formula, including any
+            # llama3 scaling) and give each half's pad the identity rotation.
+            padded_dim = self.rotary_dim
+            self.rotary_dim = pad.original
+            try:
+                original = self._compute_cos_sin_cache()  # type: ignore[attr-defined]
+            finally:
+                self.rotary_dim = padded_dim
+            cos, sin = original.chunk(2, dim=-1)
+            extra = (pad.padded - pad.original) // 2
+            cos = F.pad(cos, (0, extra), value=1.0)
+            sin = F.pad(sin, (0, extra), value=0.0)
+            self.cos_sin_cache = torch.cat((cos, sin), dim=-1).to(self.dtype)
+        rotation = rotation_cache_from_cos_sin(self.cos_sin_cache)
+        self.register_buffer("rotation_cache", rotation, persistent=False)  # type: ignore[attr-defined]
+
+    def dispatch_forward(self, compile_native: bool = False) -> Any:
+        # Under Inductor vLLM defaults custom_ops to "none", which would send a
+        # registered OOT op to forward_native (upstream's body). The Spyre body
+        # is plain PyTorch and is what must run, on both targets.
+        del compile_native
+        return self.forward_oot
+
+    def forward_oot(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        rotation = self.rotation_cache
+        if rotation.dtype != query.dtype:
+            rotation = rotation.to(query.dtype)
+        rotation = rotation.index_select(0, positions.reshape(-1))
+        query = rotate_neox_2x2(query, rotation, self.head_size)
+        if key is not None:
+            key = rotate_neox_2x2(key, rotation, self.head_size)
+        return query, key
+
+
+@spyre_oot(RotaryEmbedding)
+class SpyreRotaryEmbedding(_SpyreRotaryMixin, RotaryEmbedding):
+    """``RotaryEmbedding`` computed as an index_select + 2x2 rotation."""
+
+    def __init__(
+        self,
+        head_size: int,
+        rotary_dim: int,
+        max_position_embeddings: int,
+        base: float,
+        is_neox_style: bool,
+        dtype: torch.dtype,
+        init_cache: bool = True,
+    ) -> None:
+        self._check_supported(head_size, rotary_dim, is_neox_style)
+        if not init_cache:
+            raise NotImplementedError(
+                "SpyreRotaryEmbedding builds its rotation cache at construction; "
+                "init_cache=False is not supported."
+            )
+        super().__init__(head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype)
+        self._build_rotation_cache()
+
+
+@spyre_oot(Llama3RotaryEmbedding)
+class SpyreLlama3RotaryEmbedding(_SpyreRotaryMixin, Llama3RotaryEmbedding):
+    """``Llama3RotaryEmbedding`` (scaled frequencies) in the same 2x2 form."""
+
+    def __init__(
+        self,
+        head_size: int,
+        rotary_dim: int,
+        max_position_embeddings: int,
+        base: float,
+        is_neox_style: bool,
+        dtype: torch.dtype,
+        scaling_factor: float,
+        low_freq_factor: float,
+        high_freq_factor: float,
+        orig_max_position: int,
+    ) -> None:
+        self._check_supported(head_size, rotary_dim, is_neox_style)
+        super().__init__(
+            head_size,
+            rotary_dim,
+            max_position_embeddings,
+            base,
+            is_neox_style,
+            dtype,
+            scaling_factor,
+            low_freq_factor,
+            high_freq_factor,
+            orig_max_position,
+        )
+        self._build_rotation_cache()
+
+
+__all__ = [
+    "SpyreLlama3RotaryEmbedding",
+    "SpyreRotaryEmbedding",
+    "rotate_neox_2x2",
+    "rotation_cache_from_cos_sin",
+]

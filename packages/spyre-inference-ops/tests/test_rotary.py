@@ -1,0 +1,143 @@
+"""The Spyre RoPE (index_select + 2x2 rotation) against vLLM's own.
+
+The rotation cache is built from upstream's own ``cos_sin_cache`` (same
+frequencies, same dtype rounding), and the 2x2 form performs the same products
+and sums as upstream's ``x1*cos - x2*sin`` / ``x2*cos + x1*sin``; the results
+are compared within 1e-6 in float32 and within bf16 tolerance in bfloat16
+(rtol = atol = 1.6e-2; in practice they agree bit for bit, which is also
+asserted on the default rope).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from ops_testutil import tol, upstream_layers
+
+HEAD = 64
+MAX_POS = 256
+
+
+def _rope(cls_name, dtype, head=HEAD, rotary_dim=HEAD, neox=True, **kwargs):
+    import vllm.model_executor.layers.rotary_embedding as rope
+
+    return getattr(rope, cls_name)(head, rotary_dim, MAX_POS, 500000.0, neox, dtype, **kwargs)
+
+
+LLAMA3 = {
+    "scaling_factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "orig_max_position": 64,
+}
+CASES = [("RotaryEmbedding", {}), ("Llama3RotaryEmbedding", LLAMA3)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("cls_name,kwargs", CASES, ids=["default", "llama3"])
+def test_spyre_rope_matches_upstream(vllm_env, cls_name, kwargs, dtype):
+    from spyre_inference import ops
+
+    spyre = _rope(cls_name, dtype, **kwargs)
+    with upstream_layers():
+        upstream = _rope(cls_name, dtype, **kwargs)
+    assert type(spyre) is getattr(ops, f"Spyre{cls_name}")
+    assert type(upstream).__name__ == cls_name
+
+    # Stored layout: [max_pos, 2, 2, rotary_dim // 2] rotation matrices.
+    assert spyre.rotation_cache.shape == (MAX_POS, 2, 2, HEAD // 2)
+    assert spyre.rotation_cache.dtype == dtype
+    assert torch.equal(spyre.cos_sin_cache, upstream.cos_sin_cache)
+    cos, sin = upstream.cos_sin_cache.chunk(2, dim=-1)
+    assert torch.equal(spyre.rotation_cache[:, 0, 0], cos)
+    assert torch.equal(spyre.rotation_cache[:, 0, 1], -sin)
+    assert torch.equal(spyre.rotation_cache[:, 1, 0], sin)
+    assert torch.equal(spyre.rotation_cache[:, 1, 1], cos)
+
+    g = torch.Generator().manual_seed(0)
+    positions = torch.randint(0, MAX_POS, (9,), generator=g)
+    q = torch.randn(9, 4 * HEAD, generator=g).to(dtype)
+    k = torch.randn(9, 2 * HEAD, generator=g).to(dtype)
+    out_q, out_k = spyre(positions, q.clone(), k.clone())
+    ref_q, ref_k = upstream.forward_native(positions, q.clone(), k.clone())
+    assert out_q.shape == q.shape and out_k.shape == k.shape
+    torch.testing.assert_close(out_q, ref_q, **tol(dtype))
+    torch.testing.assert_close(out_k, ref_k, **tol(dtype))
+    if cls_name == "RotaryEmbedding":
+        assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
+
+    # Head-shaped query, no key (cross-layer KV sharing).
+    q3 = q.view(9, 4, HEAD)
+    out3, none = spyre(positions, q3)
+    assert none is None and out3.shape == q3.shape
+    torch.testing.assert_close(out3.reshape(9, -1), out_q, rtol=0, atol=0)
+
+
+def test_rope_forward_is_spyre_body_under_custom_ops_none(vllm_env):
+    """vLLM's default custom_ops under Inductor is 'none'; the Spyre body still runs."""
+    assert "none" in vllm_env.compilation_config.custom_ops
+    spyre = _rope("RotaryEmbedding", torch.float32)
+    assert spyre._forward_method == spyre.forward_oot
+
+
+def test_rope_traces_into_one_graph(vllm_env):
+    """No graph break: the gather and rotation are traced, not opaque."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    spyre = _rope("RotaryEmbedding", torch.float32)
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(spyre, backend=counter, fullgraph=True, dynamic=False)
+    positions = torch.arange(4)
+    q, k = torch.randn(4, 2 * HEAD), torch.randn(4, HEAD)
+    out_q, out_k = compiled(positions, q, k)
+    ref_q, ref_k = spyre(positions, q, k)
+    assert counter.frame_count == 1
+    assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
+    ops = {str(node.target) for gm in counter.graphs for node in gm.graph.nodes}
+    assert any("index_select" in op for op in ops)
+
+
+@pytest.mark.parametrize(
+    "head,rotary_dim,neox,needle",
+    [
+        (HEAD, HEAD, False, "is_neox_style=False"),
+        (HEAD, HEAD // 2, True, "rotary_dim=32"),
+    ],
+    ids=["gptj_style", "partial_rotary"],
+)
+def test_unsupported_rope_raises_at_construction(vllm_env, head, rotary_dim, neox, needle):
+    with pytest.raises(NotImplementedError, match=needle) as info:
+        _rope("RotaryEmbedding", torch.float32, head=head, rotary_dim=rotary_dim, neox=neox)
+    assert "SpyreRotaryEmbedding" in str(info.value)
+    with pytest.raises(NotImplementedError, match=needle):
+        _rope(
+            "Llama3RotaryEmbedding",
+            torch.float32,
+            head=head,
+            rotary_dim=rotary_dim,
+            neox=neox,
+            **LLAMA3,
+        )
+
+
+def test_get_rope_builds_spyre_class(vllm_env):
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    from spyre_inference import ops
+
+    rope = get_rope(HEAD, MAX_POS, True, {"rope_type": "default", "rope_theta": 1234.0})
+    assert type(rope) is ops.SpyreRotaryEmbedding
+    scaled = get_rope(
+        HEAD,
+        MAX_POS,
+        True,
+        {
+            "rope_type": "llama3",
+            "rope_theta": 1234.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    )
+    assert type(scaled) is ops.SpyreLlama3RotaryEmbedding
