@@ -481,3 +481,94 @@ def test_unsupported_features_fail_loudly(vllm_config):
         pytest.raises(NotImplementedError, match="kv_cache_dtype"),
     ):
         SpyreAttentionImpl(4, 16, 0.25, 2, kv_cache_dtype="fp8")
+
+
+# ---- through vLLM's own Attention layer --------------------------------------
+
+
+@pytest.mark.parametrize("window", [None, 40], ids=["full", "window40"])
+def test_through_vllm_attention_layer(vllm_config, window):
+    """vLLM's Attention layer drives the backend: KV-update op, then attention op.
+
+    The layer resolves the enum member from ``get_name()``, binds the cache,
+    and reads metadata and slot mapping from the forward context, exactly as in
+    a model forward.
+    """
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.layers.attention import Attention
+
+    name = f"model.layers.{0 if window is None else 1}.self_attn.attn"
+    case = Case(*WORKLOADS["mixed"], sliding_window=window)
+    with set_current_vllm_config(vllm_config):
+        layer = Attention(
+            num_heads=case.num_heads,
+            head_size=case.head_size,
+            scale=case.head_size**-0.5,
+            num_kv_heads=case.num_kv_heads,
+            per_layer_sliding_window=window,
+            cache_config=vllm_config.cache_config,
+            prefix=name,
+            attn_backend=SpyreAttentionBackend,
+        )
+    assert layer.backend is AttentionBackendEnum.CUSTOM
+    assert isinstance(layer.impl, SpyreAttentionImpl)
+
+    step = prepare(case, vllm_config.cache_config.block_size)
+    layer.bind_kv_cache(step.kv_cache)
+    builder = SpyreAttentionMetadataBuilder(step.spec, [name], vllm_config, torch.device("cpu"))
+    metadata = builder.build(0, step.common)
+    # The builder prepared the mask tiles of its layers' window up front.
+    assert window in metadata._masks
+
+    tokens = step.query.shape[0]
+    with set_forward_context(
+        {name: metadata}, vllm_config, slot_mapping={name: step.common.slot_mapping}
+    ):
+        out = layer(
+            step.query.reshape(tokens, -1),
+            step.key.reshape(tokens, -1),
+            step.value.reshape(tokens, -1),
+        )
+    n = step.num_actual_tokens
+    out = out.view(tokens, case.num_heads, case.head_size)
+    torch.testing.assert_close(out[:n].double(), reference(step), **FP32_TOL)
+
+
+# ---- the builder's plan -------------------------------------------------------
+
+
+def test_builder_pads_onto_buckets_and_skips_padding_requests(vllm_config):
+    block_size = vllm_config.cache_config.block_size
+    case = Case([300, 40, 129], [1, 40, 1], pad_tokens=0)
+    step = prepare(case, block_size)
+    # A padding request (query length 0) after the real ones, as the runner adds.
+    common = dataclasses.replace(
+        step.common,
+        query_start_loc=torch.cat([step.common.query_start_loc, step.common.query_start_loc[-1:]]),
+        query_start_loc_cpu=torch.cat(
+            [step.common.query_start_loc_cpu, step.common.query_start_loc_cpu[-1:]]
+        ),
+        seq_lens=torch.cat([step.common.seq_lens, torch.zeros(1, dtype=torch.int32)]),
+        block_table_tensor=torch.cat([step.block_table, torch.zeros_like(step.block_table[:1])]),
+        num_reqs=4,
+    )
+    builder = SpyreAttentionMetadataBuilder(
+        step.spec, ["layer.0"], vllm_config, torch.device("cpu")
+    )
+    metadata = builder.build(0, common)
+    assert [s.query_len for s in metadata.seqs] == [1, 40, 1]
+    # max_num_batched_tokens=64: query buckets [1, 64]; 2048/64 = 32 pages: [1, 2, 4, ..., 32].
+    assert [s.query_bucket for s in metadata.seqs] == [1, 64, 1]
+    assert [s.kv_block_bucket for s in metadata.seqs] == [8, 1, 4]  # 5, 1, 3 pages used
+    seq = metadata.seqs[0]
+    assert seq.q_index.tolist() == [0]
+    assert seq.block_ids.shape == (8, 1)
+    assert seq.block_ids[:5, 0].tolist() == step.block_table[0, :5].tolist()
+    assert set(seq.block_ids[5:, 0].tolist()) == {NULL_BLOCK}
+    prefill = metadata.seqs[1]
+    assert prefill.q_index.tolist() == list(range(1, 41)) + [1] * 24
+    mask = metadata.tile_masks(None)[1]
+    assert mask.shape == (64, 64) and mask.dtype == torch.float32
+    # Row 39 (the last real one) sees keys 0..39; padded rows see nothing.
+    assert (mask[39, :40] == 0).all() and (mask[39, 40:] < -1e30).all()
+    assert (mask[40:] < -1e30).all()
