@@ -397,6 +397,20 @@ def test_kv_write_puts_each_token_at_its_slot(vllm_config, dtype):
     assert torch.equal(step.kv_cache[NULL_BLOCK, :, 1:], before[NULL_BLOCK, :, 1:])
 
 
+def test_under_inference_mode(vllm_config):
+    """The runner executes under torch.inference_mode, where new tensors have
+    no version counter: the slot mapping of each step is one of those."""
+    block_size = vllm_config.cache_config.block_size
+    case = Case(*WORKLOADS["mixed"])
+    step = prepare(case, block_size)
+    with torch.inference_mode():
+        step.common.slot_mapping = step.common.slot_mapping.clone()
+        assert step.common.slot_mapping.is_inference()
+        out = run_backend(vllm_config, step)
+    n = step.num_actual_tokens
+    torch.testing.assert_close(out[:n].double(), reference(step), **FP32_TOL)
+
+
 def test_kv_write_follows_new_slot_mapping_each_step(vllm_config):
     """The per-step slot-index cache must not serve a stale index."""
     block_size = vllm_config.cache_config.block_size

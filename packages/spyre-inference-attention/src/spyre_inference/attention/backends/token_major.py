@@ -270,7 +270,9 @@ class _SlotIndexCache:
     step, so the host computation and the host-to-device copy happen once per
     step rather than once per layer. The entry keeps a reference to the tensor
     (so its identity cannot be reused) and its version counter (bumped when the
-    runner rewrites the buffer in place).
+    runner rewrites the buffer in place). Inference-mode tensors have no
+    version counter; for those the index is rebuilt on every call (correct,
+    just not shared).
     """
 
     def __init__(self) -> None:
@@ -278,9 +280,11 @@ class _SlotIndexCache:
         self._index: torch.Tensor | None = None
 
     def get(self, slot_mapping: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        key = (slot_mapping, slot_mapping._version, num_tokens)
+        cacheable = not slot_mapping.is_inference()
+        key = (slot_mapping, slot_mapping._version if cacheable else -1, num_tokens)
         if (
-            self._key is not None
+            cacheable
+            and self._key is not None
             and self._key[0] is slot_mapping
             and self._key[1:] == key[1:]
             and self._index is not None
