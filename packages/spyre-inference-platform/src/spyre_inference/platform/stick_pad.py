@@ -157,6 +157,14 @@ def widen_config(vllm_config: VllmConfig) -> StickPadPlan | None:
             "spyre-inference records its stick-padding plan in additional_config, which "
             f"must be a dict here (got {type(vllm_config.additional_config).__name__})."
         )
+    if model_config.quantization is not None:
+        # The padding loaders rewrite plain weight tensors only; packed
+        # quantized checkpoints are left at their own widths.
+        logger.warning(
+            "Quantized model (%s): head_dim / intermediate_size are not stick-padded.",
+            model_config.quantization,
+        )
+        return None
     text_config = model_config.hf_text_config
     head_dim = None if model_config.use_mla else model_config.get_head_size()
     intermediate = getattr(text_config, "intermediate_size", None)
