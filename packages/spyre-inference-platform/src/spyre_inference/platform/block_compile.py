@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from vllm.logger import init_logger
 
 from spyre_inference.platform import settings
+from spyre_inference.platform.logs import get_logger
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 
 def _is_attention(module: nn.Module) -> bool:

@@ -23,11 +23,11 @@ import importlib
 import importlib.util
 
 import torch
-from vllm.logger import init_logger
 
 from spyre_inference.platform import settings
+from spyre_inference.platform.logs import get_logger
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 #: Spyre moves data in 128-byte sticks; with a 2-byte element that is 64
 #: elements. Every padded dimension (head size, MLP width, block size, encoder

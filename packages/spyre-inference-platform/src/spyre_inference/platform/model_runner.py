@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 from vllm.config import CompilationMode, VllmConfig
-from vllm.logger import init_logger
 from vllm.model_executor.model_loader import get_model
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -25,10 +24,11 @@ from spyre_inference.platform import device as dev
 from spyre_inference.platform.block_compile import compile_model, raise_recompile_limit
 from spyre_inference.platform.buffers import SpyreCpuGpuBuffer, alias_host_buffers
 from spyre_inference.platform.host_env import cuda_stream_placeholders, neutralize_cuda_runtime
+from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.model_wrapper import _SpyreModelWrapper
 from spyre_inference.platform.token_buckets import TokenBuckets
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 
 class TorchSpyreModelRunner(GPUModelRunner):

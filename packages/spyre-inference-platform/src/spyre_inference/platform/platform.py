@@ -13,18 +13,18 @@ import os
 from typing import TYPE_CHECKING
 
 import torch
-from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from spyre_inference.platform import device as dev
 from spyre_inference.platform import discovery, settings
+from spyre_inference.platform.logs import get_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
     from vllm.v1.attention.selector import AttentionSelectorConfig
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 #: Spec: "The default is 128, and a user-supplied block_size is rounded up to
 #: the next multiple of 64" (a KV page must be whole 64-element sticks).

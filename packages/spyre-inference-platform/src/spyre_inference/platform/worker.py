@@ -18,15 +18,15 @@ from typing import Any
 import psutil
 import torch
 from vllm.config import VllmConfig
-from vllm.logger import init_logger
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
 
 from spyre_inference.platform import device as dev
 from spyre_inference.platform.host_env import neutralize_cuda_runtime
+from spyre_inference.platform.logs import get_logger
 
-logger = init_logger(__name__)
+logger = get_logger(__name__)
 
 GiB = 1 << 30
 
