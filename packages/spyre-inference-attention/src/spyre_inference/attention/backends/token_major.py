@@ -446,6 +446,13 @@ class SpyreAttentionBackend(AttentionBackend):
         return [MultipleOf(placement.STICK_ELEMS)]
 
     @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        # Spec: "The default is 128" (two sticks of tokens per page).
+        from spyre_inference.platform.platform import DEFAULT_BLOCK_SIZE
+
+        return DEFAULT_BLOCK_SIZE
+
+    @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
         # Multiples of the 64-element stick; the ops package pads narrower heads.
         return list(range(placement.STICK_ELEMS, 1024 + 1, placement.STICK_ELEMS))
