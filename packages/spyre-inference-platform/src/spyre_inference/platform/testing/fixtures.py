@@ -1,0 +1,146 @@
+"""Pytest fixtures: tiny random models built once per test session.
+
+Load from a package's ``tests/conftest.py`` with::
+
+    from spyre_inference.platform.testing.fixtures import *  # noqa: F403
+
+Every fixture returns the :class:`~pathlib.Path` of a model folder that vLLM
+(``LLM(model=str(path))``) and transformers both load. Models live under the
+session's pytest base temp dir (``<basetemp>/tiny-models/``) and are built the
+first time a test asks for them, in about a second each after the first
+(transformers' import dominates). The cache is per process, not per fixture
+definition, so importing these fixtures into several conftests never builds a
+model twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spyre_inference.platform.testing.hf import (
+    GreedyResult,
+    assert_greedy_close,
+    hf_greedy,
+    hf_greedy_with_logprobs,
+)
+from spyre_inference.platform.testing.models import build_tiny_model
+from spyre_inference.platform.testing.prompts import TEST_PROMPTS
+
+_built: dict[str, Path] = {}
+_lock = threading.Lock()
+
+TinyModelFactory = Callable[..., Path]
+
+
+def _cache_key(kind: str, overrides: dict[str, Any]) -> str:
+    if not overrides:
+        return kind
+    encoded = json.dumps(overrides, sort_keys=True, default=str)
+    return f"{kind}-{hashlib.sha256(encoded.encode()).hexdigest()[:12]}"
+
+
+def get_tiny_model(base_dir: Path, kind: str, **overrides: Any) -> Path:
+    """Build (or reuse, within this process) a tiny model under ``base_dir``."""
+    key = _cache_key(kind, overrides)
+    with _lock:
+        path = _built.get(key)
+        if path is None or not path.exists():
+            path = build_tiny_model(kind, base_dir / key, **overrides)
+            _built[key] = path
+        return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_factory(tmp_path_factory: pytest.TempPathFactory) -> TinyModelFactory:
+    """``tiny_model_factory(kind, **overrides) -> Path``, cached per arguments.
+
+    Overrides are those of :func:`build_tiny_model`, e.g.
+    ``tiny_model_factory("llama", head_dim=32, num_hidden_layers=3)``.
+    """
+    base_dir = tmp_path_factory.getbasetemp() / "tiny-models"
+    base_dir.mkdir(exist_ok=True)
+
+    def factory(kind: str, **overrides: Any) -> Path:
+        return get_tiny_model(base_dir, kind, **overrides)
+
+    return factory
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_factory: TinyModelFactory) -> Path:
+    """Llama: 2 layers, hidden 256, 4 heads / 2 KV heads, head_dim 64, rope theta 5e5."""
+    return tiny_model_factory("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_granite(tiny_model_factory: TinyModelFactory) -> Path:
+    """Granite with embedding/residual/attention multipliers and logits scaling != 1."""
+    return tiny_model_factory("granite")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_model_factory: TinyModelFactory) -> Path:
+    """Qwen3 (per-head q/k RMSNorm), rope theta 1e6."""
+    return tiny_model_factory("qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3(tiny_model_factory: TinyModelFactory) -> Path:
+    """Gemma 3 text: sliding window 48 on even layers, query_pre_attn_scalar 32, tied."""
+    return tiny_model_factory("gemma3")
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral(tiny_model_factory: TinyModelFactory) -> Path:
+    """Mixtral MoE: 4 experts, top-2."""
+    return tiny_model_factory("mixtral")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tiny_model_factory: TinyModelFactory) -> Path:
+    """Qwen3-MoE: 4 experts of intermediate 256, top-2 with renormalised weights."""
+    return tiny_model_factory("qwen3_moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tiny_model_factory: TinyModelFactory) -> Path:
+    """BertModel (embedding), type_vocab_size 2; encoder-style tokenizer."""
+    return tiny_model_factory("bert")
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta(tiny_model_factory: TinyModelFactory) -> Path:
+    """RobertaModel (embedding), type_vocab_size 2, max_position_embeddings 1026."""
+    return tiny_model_factory("roberta")
+
+
+@pytest.fixture(scope="session")
+def tiny_prompts() -> tuple[str, ...]:
+    """The fixed prompts of :mod:`spyre_inference.platform.testing.prompts`."""
+    return TEST_PROMPTS
+
+
+__all__ = [
+    "GreedyResult",
+    "assert_greedy_close",
+    "get_tiny_model",
+    "hf_greedy",
+    "hf_greedy_with_logprobs",
+    "tiny_bert",
+    "tiny_gemma3",
+    "tiny_granite",
+    "tiny_llama",
+    "tiny_mixtral",
+    "tiny_model_factory",
+    "tiny_prompts",
+    "tiny_qwen3",
+    "tiny_qwen3_moe",
+    "tiny_roberta",
+]

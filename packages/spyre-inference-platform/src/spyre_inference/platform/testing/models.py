@@ -1,0 +1,402 @@
+"""Tiny random Hugging Face checkpoints for tests, built offline in seconds.
+
+:func:`build_tiny_model` writes a complete model folder (``config.json``,
+``model.safetensors``, tokenizer files, chat template) that both vLLM and
+transformers load, so a test can run the plugin and a Hugging Face reference on
+the same weights without any download.
+
+Choices and why
+---------------
+* **Saved in bfloat16.** Weights are drawn in float32 and rounded once to
+  bfloat16 before saving. Every stored value is then exactly representable in
+  bfloat16 *and* float32, so a float32 run and a bfloat16 run (the cpu target's
+  default compute dtype) start from identical parameters, and a float32 HF
+  reference is the exact-weights ground truth for either. ``config.json``
+  records ``"dtype": "bfloat16"``, which is what vLLM's ``dtype="auto"`` picks.
+  Pass ``dtype=torch.float32`` to save float32 instead.
+* **Our own deterministic initialisation, not transformers' ``_init_weights``.**
+  Each parameter is drawn from a generator seeded by ``(seed, parameter
+  name)``, so weights do not depend on module construction order or on how a
+  transformers release initialises a class. Scales are chosen so greedy
+  decoding is *not* degenerate (transformers' default std of 0.02 makes every
+  layer's output tiny next to the residual stream, so the next token depends
+  almost only on the current one and all prompts fall into the same short
+  loops):
+
+  - matrices: ``N(0, 1/fan_in)`` (variance preserving): q, k and v are about
+    unit scale, so attention scores have a standard deviation near one and the
+    attention pattern is neither uniform nor one-hot; attention and MLP outputs
+    are about as large as the embedding, so context really changes the output;
+  - token embeddings: unit scale as seen by the first layer (divided by Gemma's
+    ``sqrt(hidden)`` input scale and Granite's ``embedding_multiplier``);
+  - norm weights: their usual value (1, or 0 for Gemma's ``1 + w`` norms) plus
+    ``N(0, 0.1)``, and biases ``N(0, 0.1)``: a kernel that drops a norm weight
+    or a bias gives visibly different tokens;
+  - the (untied) LM head: ``N(0, 4/hidden)``, logits with a standard deviation
+    of about 2, so the top-1 margin is usually well above bfloat16 noise.
+
+  ``tests/test_testing_models.py`` checks with HF greedy decoding that outputs
+  differ across the test prompts and use many distinct tokens.
+* **Non-default values for what kernels can get wrong silently**: rope theta
+  differs from transformers' and vLLM's defaults, Granite's four multipliers
+  are not 1, Gemma 3 has ``query_pre_attn_scalar != head_dim``, a sliding
+  window shorter than the long test prompts and a final logit soft-cap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import zlib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from spyre_inference.platform.testing.tokenizer import (
+    BOS_TOKEN_ID,
+    EOS_TOKEN_ID,
+    PAD_TOKEN_ID,
+    VOCAB_SIZE,
+    TokenizerStyle,
+    save_tokenizer,
+)
+
+#: Increment when a change here changes the bytes of a built model.
+BUILDER_VERSION = 1
+
+DEFAULT_DTYPE = torch.bfloat16
+DEFAULT_SEED = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModelKind:
+    """How to build one architecture: HF model type, class, and config defaults."""
+
+    model_type: str
+    architecture: str
+    tokenizer_style: TokenizerStyle
+    config: Mapping[str, Any]
+    #: Whether the HF config has an independent ``head_dim`` field; when not,
+    #: head_dim is hidden_size // num_attention_heads.
+    has_head_dim: bool = True
+    is_decoder: bool = True
+
+
+_DECODER_COMMON: dict[str, Any] = {
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "intermediate_size": 512,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+}
+
+_ENCODER_COMMON: dict[str, Any] = {
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 512,
+    "max_position_embeddings": 1024,
+    # Two segment types so cross-encoder / pair inputs carry real token_type_ids.
+    "type_vocab_size": 2,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
+
+
+def _rope(theta: float) -> dict[str, Any]:
+    return {"rope_type": "default", "rope_theta": theta}
+
+
+KINDS: dict[str, TinyModelKind] = {
+    "llama": TinyModelKind(
+        "llama",
+        "LlamaForCausalLM",
+        "decoder",
+        # Llama-3's theta, not the 10000 default, so a reader that falls back
+        # to a default is caught.
+        {**_DECODER_COMMON, "rope_parameters": _rope(500000.0)},
+    ),
+    "granite": TinyModelKind(
+        "granite",
+        "GraniteForCausalLM",
+        "decoder",
+        {
+            **_DECODER_COMMON,
+            "rope_parameters": _rope(300000.0),
+            # Every multiplier differs from 1 (and attention_multiplier from
+            # 1/sqrt(head_dim) = 0.125) so that a path ignoring any of them
+            # produces different tokens.
+            "embedding_multiplier": 6.0,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.2,
+            "logits_scaling": 2.5,
+        },
+        has_head_dim=False,
+    ),
+    "qwen3": TinyModelKind(
+        "qwen3",
+        "Qwen3ForCausalLM",
+        "decoder",
+        {**_DECODER_COMMON, "rope_parameters": _rope(1000000.0)},
+    ),
+    "gemma3": TinyModelKind(
+        "gemma3_text",
+        "Gemma3ForCausalLM",
+        "decoder",
+        {
+            **_DECODER_COMMON,
+            "tie_word_embeddings": True,
+            "hidden_activation": "gelu_pytorch_tanh",
+            # Scaling 32**-0.5 instead of head_dim**-0.5.
+            "query_pre_attn_scalar": 32,
+            # Shorter than the long test prompts, so the window is exercised;
+            # layer_types (sliding on even layers) is filled in by the builder.
+            "sliding_window": 48,
+            "rope_parameters": {
+                "sliding_attention": _rope(10000.0),
+                "full_attention": _rope(1000000.0),
+            },
+            # Applied by both HF and vLLM (LogitsProcessor soft_cap). It never
+            # changes greedy tokens (tanh is monotonic) but changes logprobs.
+            "final_logit_softcapping": 10.0,
+            # Left off by default: HF's Gemma 3 applies it, but vLLM 0.33's
+            # gemma3.py ignores the field, so HF and vLLM would disagree. Pass
+            # attn_logit_softcapping=... to build a model that has it.
+            "attn_logit_softcapping": None,
+        },
+    ),
+    "mixtral": TinyModelKind(
+        "mixtral",
+        "MixtralForCausalLM",
+        "decoder",
+        {
+            **_DECODER_COMMON,
+            "rope_parameters": _rope(1000000.0),
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+        },
+    ),
+    "qwen3_moe": TinyModelKind(
+        "qwen3_moe",
+        "Qwen3MoeForCausalLM",
+        "decoder",
+        {
+            **_DECODER_COMMON,
+            "rope_parameters": _rope(1000000.0),
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 256,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+        },
+    ),
+    "bert": TinyModelKind(
+        "bert", "BertModel", "encoder", _ENCODER_COMMON, has_head_dim=False, is_decoder=False
+    ),
+    "roberta": TinyModelKind(
+        "roberta",
+        "RobertaModel",
+        "encoder",
+        {
+            **_ENCODER_COMMON,
+            # RoBERTa positions start at pad_token_id + 1 (= 1 here), so 1024
+            # usable positions need 1025 rows; 1026 mirrors the real 512 + 2.
+            "max_position_embeddings": 1026,
+        },
+        has_head_dim=False,
+        is_decoder=False,
+    ),
+}
+
+
+def _config_kwargs(spec: TinyModelKind, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge kind defaults with overrides and derive the dependent fields."""
+    kwargs: dict[str, Any] = dict(spec.config)
+    kwargs.update(
+        vocab_size=VOCAB_SIZE,
+        pad_token_id=PAD_TOKEN_ID,
+        bos_token_id=BOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+    )
+    overrides = dict(overrides)
+    # Convenience: rope_theta=... sets the theta of the (single) rope config.
+    if "rope_theta" in overrides:
+        theta = float(overrides.pop("rope_theta"))
+        rope = kwargs.get("rope_parameters")
+        if rope is None or "rope_theta" not in rope:
+            raise ValueError(f"rope_theta override is ambiguous for {spec.model_type}")
+        kwargs["rope_parameters"] = {**rope, "rope_theta": theta}
+    kwargs.update(overrides)
+
+    heads = kwargs["num_attention_heads"]
+    if not spec.has_head_dim:
+        kwargs.pop("head_dim", None)
+        if "head_dim" in overrides:
+            raise ValueError(
+                f"{spec.model_type} derives head_dim from hidden_size / num_attention_heads; "
+                "override hidden_size or num_attention_heads instead"
+            )
+        if kwargs["hidden_size"] % heads:
+            raise ValueError(f"hidden_size {kwargs['hidden_size']} is not divisible by {heads}")
+    if not spec.is_decoder:
+        kwargs.pop("num_key_value_heads", None)
+    if spec.model_type == "gemma3_text" and "layer_types" not in overrides:
+        # Gemma 3 itself uses 5 sliding : 1 full; with 2-4 layers alternate so
+        # that both kinds are present.
+        kwargs["layer_types"] = [
+            "sliding_attention" if i % 2 == 0 else "full_attention"
+            for i in range(kwargs["num_hidden_layers"])
+        ]
+    return kwargs
+
+
+def tiny_config(kind: str, **overrides: Any):  # -> transformers.PretrainedConfig
+    """The HF config :func:`build_tiny_model` would save, without building weights."""
+    from transformers import AutoConfig
+
+    spec = _kind(kind)
+    architecture = overrides.pop("architecture", None) or spec.architecture
+    config = AutoConfig.for_model(spec.model_type, **_config_kwargs(spec, overrides))
+    config.architectures = [architecture]
+    return config
+
+
+def _kind(kind: str) -> TinyModelKind:
+    try:
+        return KINDS[kind]
+    except KeyError:
+        raise ValueError(f"unknown tiny model kind {kind!r}; choose from {sorted(KINDS)}") from None
+
+
+_TIED_EMBEDDING_SCALE = 0.03
+
+
+def _input_embedding_scale(config: Any, spec: TinyModelKind) -> float:
+    """The factor the model multiplies token embeddings by before the first layer."""
+    if spec.model_type == "gemma3_text":
+        return math.sqrt(config.hidden_size)
+    if spec.model_type == "granite":
+        return float(config.embedding_multiplier)
+    return 1.0
+
+
+def _is_norm(name: str) -> bool:
+    return "norm" in name.lower()  # RMSNorm, LayerNorm, q/k norms, Gemma's sandwich norms
+
+
+def _is_tied_decoder(config: Any, spec: TinyModelKind) -> bool:
+    return spec.is_decoder and bool(getattr(config, "tie_word_embeddings", False))
+
+
+def init_weights_(model: torch.nn.Module, config: Any, spec: TinyModelKind, seed: int) -> None:
+    """Overwrite every parameter with a seeded draw; see the module docstring."""
+    hidden = config.hidden_size
+    input_scale = _input_embedding_scale(config, spec)
+    if _is_tied_decoder(config, spec):
+        # The embedding is also the LM head, so after the final norm the
+        # hidden state still points along the current token's own embedding
+        # and, with unit-scale embeddings, the model predicts the token it just
+        # read, forever. Embeddings of 1/8 of the layers' output scale keep
+        # that self-score near one standard deviation of the other logits;
+        # the final norm's gain then brings the logit std back to about 2.
+        emb_std = _TIED_EMBEDDING_SCALE / input_scale
+        final_norm_gain = 2.0 / (math.sqrt(hidden) * emb_std)
+    else:
+        emb_std = 1.0 / input_scale
+        final_norm_gain = 1.0
+    with torch.no_grad():
+        # named_parameters() yields a tied LM head once, under the embedding name.
+        for name, param in model.named_parameters():
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(name.encode()))
+            noise = torch.randn(param.shape, generator=gen, dtype=torch.float32)
+            if param.ndim == 1 and _is_norm(name) and name.endswith("weight"):
+                # Keep the class's convention: weight 1 means identity, except
+                # Gemma-style norms (initialised to 0) that compute x * (1 + w).
+                offset = 0.0 if bool(torch.all(param == 0)) else 1.0
+                gain = final_norm_gain if name == "model.norm.weight" else 1.0
+                value = gain * (1.0 + 0.1 * noise) - (1.0 - offset)
+            elif param.ndim == 1:
+                value = 0.1 * noise  # bias
+            elif "embed" in name:
+                value = emb_std * noise  # token, position and token-type embeddings
+            elif name.startswith("lm_head."):
+                # Logit std about 2 after Granite's division by logits_scaling.
+                scale = float(getattr(config, "logits_scaling", 1.0))
+                value = (2.0 * scale / math.sqrt(param.shape[-1])) * noise
+            else:
+                # Linear (or fused 3-D expert) weight: fan-in is the last dim.
+                value = noise / math.sqrt(param.shape[-1])
+            param.copy_(value)
+
+
+def _model_class(architecture: str):
+    import transformers
+
+    try:
+        return getattr(transformers, architecture)
+    except AttributeError:
+        raise ValueError(f"transformers has no class {architecture!r}") from None
+
+
+def build_tiny_model(
+    kind: str,
+    out_dir: str | os.PathLike[str],
+    *,
+    seed: int = DEFAULT_SEED,
+    dtype: torch.dtype = DEFAULT_DTYPE,
+    **overrides: Any,
+) -> Path:
+    """Build a tiny random model of ``kind`` and save it, with the tokenizer, in ``out_dir``.
+
+    ``kind`` is one of :data:`KINDS` (llama, granite, qwen3, gemma3, mixtral,
+    qwen3_moe, bert, roberta). ``overrides`` are HF config fields
+    (``num_hidden_layers=3``, ``head_dim=32``, ``intermediate_size=200``,
+    ``num_key_value_heads=1``, ``sliding_window=...``), plus ``rope_theta=``
+    as a shorthand and ``architecture=`` to save another class of the same
+    model type (e.g. ``"BertForSequenceClassification"`` with ``num_labels=1``).
+    The result is a pure function of the arguments and the installed
+    transformers/tokenizers versions: building twice gives identical files.
+    """
+    from transformers.utils import logging as hf_logging
+
+    spec = _kind(kind)
+    overrides = dict(overrides)
+    architecture = overrides.pop("architecture", None) or spec.architecture
+    config = tiny_config(kind, architecture=architecture, **overrides)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    cls = _model_class(architecture)
+    torch_state = torch.random.get_rng_state()
+    try:
+        # from_config runs transformers' own (random) init; seed it so that any
+        # tensor our init does not cover is still deterministic.
+        torch.manual_seed(seed)
+        model = cls._from_config(config, dtype=torch.float32)
+    finally:
+        torch.random.set_rng_state(torch_state)
+    init_weights_(model, config, spec, seed)
+    model = model.to(dtype).eval()
+
+    progress = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(out)
+    finally:
+        if progress:
+            hf_logging.enable_progress_bar()
+    save_tokenizer(out, spec.tokenizer_style, model_max_length=_usable_positions(config, spec))
+    return out
+
+
+def _usable_positions(config: Any, spec: TinyModelKind) -> int:
+    if spec.model_type == "roberta":
+        return config.max_position_embeddings - config.pad_token_id - 1
+    return config.max_position_embeddings
