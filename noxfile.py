@@ -121,11 +121,11 @@ def _junit_counts(path: Path) -> tuple[int, int, int, int]:
     return totals[0], totals[1], totals[2], totals[3]
 
 
-def _check_entry_points(session: nox.Session, python: Path, dist: str, env: dict) -> None:
+def _check_entry_points(session: nox.Session, python: Path, dists: list[str], env: dict) -> None:
     """Import the package and load every entry point it publishes, with only its
     declared dependencies installed: this is how vLLM and the core will reach it."""
     tool = ROOT / "tools" / "spyre_env.py"
-    session.run(str(python), str(tool), "check-dist", dist, env=env, external=True)
+    session.run(str(python), str(tool), "check-dist", *dists, env=env, external=True)
 
 
 def _pytest(session: nox.Session, venv: Path, tests_dir: Path, env: dict, result: Result) -> None:
@@ -184,8 +184,7 @@ def _dist_session(
             f"{'new' if fresh else 'reused'} venv {venv}"
         )
         targets = [dist] if dist != ROOT_DIST else list(PACKAGES.values())
-        for target in targets:
-            _check_entry_points(session, python, target, env)
+        _check_entry_points(session, python, targets, env)
         _pytest(session, venv, tests_dir, env, result)
 
 

@@ -329,10 +329,15 @@ def local_dists(root: Path = REPO_ROOT) -> dict[str, LocalDist]:
     return found
 
 
-def closure(name: str, dists: dict[str, LocalDist]) -> list[str]:
-    """``name`` and every project distribution it depends on, transitively."""
+def closure(name: str, dists: dict[str, LocalDist], extras: Sequence[str] = ()) -> list[str]:
+    """``name`` and every project distribution it depends on, transitively; with
+    ``extras``, also the siblings those extras of ``name`` ask for (a test extra may
+    need a sibling the package itself must not depend on)."""
+    root = canonical(name)
+    todo = [root]
+    for extra in extras:
+        todo.extend(_req_name(r) for r in dists[root].extras[extra] if _req_name(r) in dists)
     seen: list[str] = []
-    todo = [canonical(name)]
     while todo:
         current = todo.pop()
         if current in seen:
@@ -348,10 +353,10 @@ def third_party_requirements(
     """What the install of ``name[extras]`` pulls from outside the project: the key
     of a reusable venv (two sessions with the same set share one)."""
     reqs: set[str] = set()
-    for member in closure(name, dists):
+    for member in closure(name, dists, extras):
         reqs.update(r for r in dists[member].dependencies if _req_name(r) not in dists)
     for extra in extras:
-        reqs.update(dists[canonical(name)].extras[extra])
+        reqs.update(r for r in dists[canonical(name)].extras[extra] if _req_name(r) not in dists)
     return sorted(reqs)
 
 
@@ -459,7 +464,7 @@ def install_project(
     )
     if no_deps_extra:
         uv_install(python, list(no_deps_extra), no_deps=True)
-    return verify_install(python, closure(target, dists), dists)
+    return verify_install(python, closure(target, dists, extras), dists)
 
 
 def verify_install(
@@ -591,6 +596,12 @@ def serve_env(venv: Path) -> Path:
 # --------------------------------------------------------------------------- checks
 
 
+def check_dists(dists: Sequence[str]) -> None:
+    """:func:`check_dist` for each, in one process (importing vLLM costs seconds)."""
+    for dist in dists:
+        check_dist(dist)
+
+
 def check_dist(dist: str) -> None:
     """Import a sub-package and load every entry point it publishes (run by the
     venv's own python): proves vLLM and the core can reach it with only its declared
@@ -616,8 +627,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("vllm", help="ensure the cached vLLM wheel + sdist; print their paths")
     serve = sub.add_parser("serve-env", help="install the full set into a venv")
     serve.add_argument("--venv", type=Path, required=True)
-    check = sub.add_parser("check-dist", help="import a sub-package, load its entry points")
-    check.add_argument("dist")
+    check = sub.add_parser("check-dist", help="import sub-packages, load their entry points")
+    check.add_argument("dists", nargs="+")
     args = parser.parse_args(argv)
     if args.cmd == "vllm":
         arts = ensure_vllm()
@@ -626,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.cmd == "serve-env":
         print(serve_env(args.venv.resolve()))
     elif args.cmd == "check-dist":
-        check_dist(args.dist)
+        check_dists(args.dists)
     return 0
 
 
