@@ -1,12 +1,13 @@
 # shellcheck shell=bash
 # Sourced by scripts/test.sh and scripts/serve.sh: finds Python 3.11+ and makes the
-# small bootstrap venv (nox + uv, pinned) once per machine under the cache dir.
+# small bootstrap venv (nox, uv, hatchling; pinned) once per machine under the cache dir.
 #
 # Sets and exports: SPYRE_INFERENCE_CACHE, SPYRE_INFERENCE_PYTHON (the real
 # interpreter new venvs are made from), BOOT_VENV; puts BOOT_VENV/bin on PATH.
 
-NOX_VERSION="2026.10.20"
-UV_VERSION="0.13.9"
+# nox runs the sessions, uv installs (tools/spyre_env.py), hatchling builds the
+# project's wheels without an isolated build env (2.6 s -> 0.6 s per wheel here).
+BOOT_REQUIREMENTS="nox==2026.10.20 uv==0.13.9 hatchling==1.33.0"
 
 spyre_log() { printf '[spyre] %s\n' "$*" >&2; }
 
@@ -40,16 +41,18 @@ spyre_bootstrap() {
     SPYRE_INFERENCE_PYTHON="$(spyre_find_python)"
     local tag
     tag="$("$SPYRE_INFERENCE_PYTHON" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')"
-    BOOT_VENV="$SPYRE_INFERENCE_CACHE/bootstrap/$tag-nox$NOX_VERSION-uv$UV_VERSION"
+    local reqs_hash
+    reqs_hash="$(printf '%s' "$BOOT_REQUIREMENTS" | sha256sum | cut -c1-12)"
+    BOOT_VENV="$SPYRE_INFERENCE_CACHE/bootstrap/$tag-$reqs_hash"
     if [ ! -f "$BOOT_VENV/.complete" ]; then
         (
             flock 9
             if [ ! -f "$BOOT_VENV/.complete" ]; then
-                spyre_log "creating the bootstrap venv $BOOT_VENV (nox $NOX_VERSION, uv $UV_VERSION)"
+                spyre_log "creating the bootstrap venv $BOOT_VENV ($BOOT_REQUIREMENTS)"
                 rm -rf "$BOOT_VENV"
                 "$SPYRE_INFERENCE_PYTHON" -m venv "$BOOT_VENV"
-                spyre_quiet_pip "$BOOT_VENV/bin/python" -m pip install -q \
-                    "nox==$NOX_VERSION" "uv==$UV_VERSION"
+                # shellcheck disable=SC2086  # word splitting intended
+                spyre_quiet_pip "$BOOT_VENV/bin/python" -m pip install -q $BOOT_REQUIREMENTS
                 touch "$BOOT_VENV/.complete"
             fi
         ) 9>"$SPYRE_INFERENCE_CACHE/locks/bootstrap.lock"
