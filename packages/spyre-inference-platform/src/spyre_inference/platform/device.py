@@ -104,9 +104,9 @@ def device() -> torch.device:
     return torch.device("spyre") if is_spyre() else torch.device("cpu")
 
 
-def allowed_dtypes() -> tuple[torch.dtype, ...]:
-    """Compute dtypes of the target, the default first."""
-    if is_spyre():
+def allowed_dtypes(for_target: DeviceTarget | None = None) -> tuple[torch.dtype, ...]:
+    """Compute dtypes of a target (default: this process's), the default first."""
+    if (for_target or target()) is DeviceTarget.SPYRE:
         return (torch.float16,)
     return (torch.bfloat16, torch.float16, torch.float32)
 

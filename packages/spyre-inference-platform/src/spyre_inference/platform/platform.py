@@ -218,6 +218,13 @@ class TorchSpyrePlatform(Platform):
                 "communicator from 'spyre-inference-comms', which is not installed. "
                 "pip install spyre-inference-comms (or the full set, spyre-inference)."
             )
+        # Fail here, in the process the user started, rather than in an
+        # engine subprocess whose traceback only reaches the log.
+        discovery.resolve_qualname(
+            discovery.ATTENTION_BACKENDS_GROUP,
+            settings.get("SPYRE_ATTN_KV_LAYOUT"),
+            "the attention backend",
+        )
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_QUALNAME
         # The engine's mp executor must spawn, not fork: the parent may hold
@@ -255,7 +262,7 @@ class TorchSpyrePlatform(Platform):
 
     @classmethod
     def _check_dtype(cls, dtype: torch.dtype, target: dev.DeviceTarget) -> None:
-        allowed = dev.allowed_dtypes()
+        allowed = dev.allowed_dtypes(target)
         if dtype not in allowed:
             names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
             hint = (
