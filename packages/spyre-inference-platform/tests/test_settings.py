@@ -1,0 +1,58 @@
+"""Every plugin setting parses its default, and a bad value fails naming the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from spyre_inference.platform import settings
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    for s in settings.SETTINGS:
+        monkeypatch.delenv(s.name, raising=False)
+    settings.reset_cache()
+    yield
+    settings.reset_cache()
+
+
+def test_defaults_parse() -> None:
+    values = settings.validate_all()
+    assert values["SPYRE_DEVICE_TARGET"] == "auto"
+    assert values["SPYRE_COMPILE_GRANULARITY"] == "block"
+    assert values["SPYRE_ATTN_KV_LAYOUT"] == "token_major"
+    assert values["SPYRE_ATTN_RECORD"] is True
+    assert values["SPYRE_NUM_TOKENS_BUCKETS"] == ()
+
+
+@pytest.mark.parametrize("setting", [s for s in settings.SETTINGS if s.choices])
+def test_unknown_choice_names_variable_and_choices(setting, monkeypatch) -> None:
+    monkeypatch.setenv(setting.name, "no-such-value")
+    with pytest.raises(settings.SettingError) as err:
+        settings.get(setting.name)
+    message = str(err.value)
+    assert setting.name in message
+    assert all(choice in message for choice in setting.choices)
+
+
+def test_case_and_whitespace_are_forgiven(monkeypatch) -> None:
+    monkeypatch.setenv("SPYRE_ATTN_KV_LAYOUT", " Head_Major ")
+    assert settings.get("SPYRE_ATTN_KV_LAYOUT") == "head_major"
+
+
+def test_int_lists_are_sorted_and_deduplicated(monkeypatch) -> None:
+    monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", "64, 8,64,16")
+    assert settings.get("SPYRE_NUM_TOKENS_BUCKETS") == (8, 16, 64)
+
+
+@pytest.mark.parametrize("raw", ["8,x", "0", "-4"])
+def test_bad_int_lists_fail(raw, monkeypatch) -> None:
+    monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", raw)
+    with pytest.raises(settings.SettingError, match="SPYRE_NUM_TOKENS_BUCKETS"):
+        settings.get("SPYRE_NUM_TOKENS_BUCKETS")
+
+
+def test_every_setting_is_documented() -> None:
+    for s in settings.SETTINGS:
+        assert s.name.startswith("SPYRE_")
+        assert len(s.doc) > 30, s.name
