@@ -129,6 +129,14 @@ SETTINGS: tuple[Setting, ...] = (
         "Core cap for the head-major attention compile on the spyre target.",
         parse=_positive_int,
     ),
+    Setting(
+        "SPYRE_DEFAULT_MODEL_DIR",
+        "",
+        "Folder of the embedded default model (SmolLM2-135M-Instruct converted to a "
+        "dense checkpoint by `spyre-prepare-default-model`). Empty: "
+        "`$XDG_CACHE_HOME/spyre-inference/models/smollm2-135m-instruct` "
+        "(`~/.cache/...` when XDG_CACHE_HOME is unset).",
+    ),
 )
 
 _BY_NAME = {s.name: s for s in SETTINGS}
