@@ -379,9 +379,12 @@ def build_local_wheels(out_dir: Path, dists: dict[str, LocalDist]) -> Path:
         backend = tomllib.loads((dist.path / "pyproject.toml").read_text())["build-system"]
         if have_hatchling and backend.get("build-backend") == "hatchling.build":
             cmd = [sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", out_dir]
-            subprocess.run(
-                [str(c) for c in cmd], cwd=dist.path, check=True, stdout=subprocess.DEVNULL
+            done = subprocess.run(
+                [str(c) for c in cmd], cwd=dist.path, capture_output=True, text=True
             )
+            if done.returncode != 0:
+                sys.stderr.write(done.stdout + done.stderr)
+                raise SystemExit(f"hatchling could not build {dist.path}")
         else:
             run([uv_bin(), "build", "--quiet", "--wheel", "--out-dir", out_dir, dist.path])
     built = sorted(p.name for p in out_dir.glob("*.whl"))
