@@ -71,6 +71,7 @@ class Result:
 #: Filled by each session of this nox process; the ``test`` umbrella reports it.
 RESULTS: dict[str, Result] = {}
 _state: dict[str, Path] = {}
+_flags = {"summarised": False}
 
 
 def _local_wheels(session: nox.Session) -> Path:
@@ -223,29 +224,41 @@ def lint(session: nox.Session) -> None:
     result.status = "passed"
 
 
-@nox.session(venv_backend="none", requires=["lint", *PACKAGES, "e2e"])
-def test(session: nox.Session) -> None:
-    """Everything CI needs: lint, each package alone, then end to end."""
-    session.log("summary:")
-    width = max(len(n) for n in RESULTS) if RESULTS else 10
+def _summary() -> list[str]:
+    width = max(len(n) for n in RESULTS)
+    lines = []
     for name, r in RESULTS.items():
         counts = (
             f"{r.ran} ran, {r.skipped} skipped, {r.failures} failed, {r.errors} errors"
             if r.tests
             else ""
         )
-        session.log(
+        lines.append(
             f"  {name:<{width}}  {r.status:<16} install {r.install_s:6.1f} s  "
             f"tests {r.test_s:6.1f} s  {counts}  [{r.venv}]"
         )
+    return lines
+
+
+def _summary_at_exit() -> None:
+    # The `test` session does not run when a session it requires failed: still
+    # show what every session did.
+    if RESULTS and not _flags["summarised"]:
+        print("nox > summary:\n" + "\n".join(_summary()), file=sys.stderr)
+
+
+atexit.register(_summary_at_exit)
+
+
+@nox.session(venv_backend="none", requires=["lint", *PACKAGES, "e2e"])
+def test(session: nox.Session) -> None:
+    """Everything CI needs: lint, each package alone, then end to end."""
+    _flags["summarised"] = True
+    session.log("summary:\n" + "\n".join(_summary()))
     ran = sum(r.ran for n, r in RESULTS.items() if n != "lint")
     if ran == 0:
         session.error(
             "no test ran in any session (every package reports no tests or nothing "
-            "collected): the run proves nothing"
+            "selected): the run proves nothing"
         )
-    try:
-        nox_version = importlib.metadata.version("nox")
-    except importlib.metadata.PackageNotFoundError:
-        nox_version = "?"
-    session.log(f"{ran} tests ran (nox {nox_version})")
+    session.log(f"{ran} tests ran in all (nox {importlib.metadata.version('nox')})")
