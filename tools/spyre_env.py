@@ -399,8 +399,10 @@ def constraints_file(cache: Path) -> Path:
     path = cache / "constraints.txt"
     text = "".join(f"{c}\n" for c in CONSTRAINTS)
     if not path.is_file() or path.read_text() != text:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
+        # A private temporary name: concurrent sessions may be writing it too.
+        fd, tmp = tempfile.mkstemp(dir=cache, prefix=".constraints-")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
         os.replace(tmp, path)
     return path
 
