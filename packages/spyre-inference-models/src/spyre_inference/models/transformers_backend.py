@@ -1,0 +1,291 @@
+"""vLLM's Transformers modeling backend with a Spyre rotary embedding.
+
+With ``model_impl="transformers"`` vLLM builds the Hugging Face model class
+itself and swaps its linear, norm, GLU and embedding modules for vLLM layers
+(its fusers), which the ops package's out-of-tree swaps then pick up like any
+other vLLM layer. What upstream leaves to Hugging Face's own code is RoPE:
+there is no rotary fuser, so HF's ``rotary_emb`` would derive ``cos``/``sin``
+inside the forward from int64 ``position_ids`` (an int->float cast Spyre cannot
+lower), and every attention module would rotate with ``rotate_half`` (a
+negation, a concat and a half-width slice per head).
+
+:class:`SpyreTransformersForCausalLM` therefore, after upstream has built the
+model:
+
+* replaces each HF rotary module with :class:`SpyreHFRotaryEmbedding`, whose
+  ``[max_model_len, 2, 2, head_dim // 2]`` rotation cache is computed once on
+  the host from the HF module's own frequencies (same formula, same float32
+  math, same rounding to the model dtype), so the forward is one
+  ``index_select``;
+* rebinds each attention module's forward so that its
+  ``apply_rotary_pos_emb`` is :func:`spyre_apply_rotary_pos_emb`, a batched
+  2x2 matmul per frequency pair instead of ``rotate_half``. The rebinding is
+  per instance and changes only the function's global lookup of that one name:
+  it is the same per-instance forward replacement upstream's fusers already
+  apply to these modules, and no module-level state of transformers changes.
+
+Head-dim stick padding is shared with the native path (the platform widens
+``head_dim`` and the ops package's QKV loader pads Q/K per rotary half); the
+rotation cache is then rebuilt at the pre-pad frequencies with the identity
+rotation on each half's padded entries, as the ops package's RoPE does.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.model_executor.models.transformers import TransformersForCausalLM
+from vllm.model_executor.models.transformers.base import VLLM_ATTN_ATTR
+
+from spyre_inference.platform.logs import get_logger
+from spyre_inference.platform.stick_pad import DimPad, current_plan
+
+logger = get_logger(__name__)
+
+#: Name of the function HF attention modules call to rotate q and k.
+APPLY_ROTARY_NAME = "apply_rotary_pos_emb"
+#: RoPE types whose frequencies change with the sequence length at run time;
+#: a precomputed cache cannot represent them.
+DYNAMIC_ROPE_TYPES = frozenset({"dynamic", "longrope"})
+
+
+def rotation_cache(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """``[P, D]`` HF-style cos/sin (two equal halves) -> ``[P, 2, 2, D // 2]`` rotations.
+
+    ``cache[p, :, :, j] = [[cos, -sin], [sin, cos]]`` of frequency ``j`` at position ``p``.
+    """
+    half = cos.shape[-1] // 2
+    c, s = cos[:, :half], sin[:, :half]
+    return torch.stack((torch.stack((c, -s), dim=1), torch.stack((s, c), dim=1)), dim=1)
+
+
+def _rotate_matmul(x: torch.Tensor, rotation: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
+    """Rotate ``x`` (``[..., D]``) by per-token 2x2 matrices ``rotation`` (``[B, T, 2, 2, D//2]``).
+
+    The two halves of a head form, per frequency ``j``, the vector
+    ``(x1[j], x2[j])``; the rotation is a batched ``[2, 2] @ [2, 1]`` matmul
+    with the frequency as a batch axis.
+    """
+    half = x.shape[-1] // 2
+    rot = rotation.unsqueeze(unsqueeze_dim).movedim(-1, -3)  # [..., T, half, 2, 2]
+    pairs = x.unflatten(-1, (2, half)).movedim(-1, -2).unsqueeze(-1)  # [..., T, half, 2, 1]
+    out = torch.matmul(rot, pairs)  # [..., T, half, 2, 1]
+    return out.squeeze(-1).movedim(-1, -2).flatten(-2)
+
+
+def spyre_apply_rotary_pos_emb(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    unsqueeze_dim: int = 1,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Drop-in for HF's ``apply_rotary_pos_emb`` fed by :class:`SpyreHFRotaryEmbedding`.
+
+    ``cos`` carries the gathered rotation matrices (``[B, T, 2, 2, D//2]``);
+    ``sin`` is the same tensor (the HF call passes both), and is not read.
+    """
+    del sin
+    return _rotate_matmul(q, cos, unsqueeze_dim), _rotate_matmul(k, cos, unsqueeze_dim)
+
+
+class SpyreHFRotaryEmbedding(nn.Module):
+    """An HF rotary module replaced by a gather from a precomputed rotation cache.
+
+    ``forward(x, position_ids)`` keeps HF's signature and returns the pair the
+    attention modules unpack as ``cos, sin``: here both are the gathered
+    ``[B, T, 2, 2, D//2]`` rotations, which only
+    :func:`spyre_apply_rotary_pos_emb` consumes.
+    """
+
+    rotation_cache: torch.Tensor
+
+    def __init__(self, cache: torch.Tensor, source: str) -> None:
+        super().__init__()
+        self.source = source
+        self.register_buffer("rotation_cache", cache.contiguous(), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"replaces={self.source}, cache={tuple(self.rotation_cache.shape)}"
+
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rot = self.rotation_cache
+        if rot.dtype != x.dtype:
+            rot = rot.to(x.dtype)
+        gathered = rot.index_select(0, position_ids.reshape(-1))
+        gathered = gathered.view(*position_ids.shape, *rot.shape[1:])
+        return gathered, gathered
+
+
+def _is_hf_rotary(module: nn.Module) -> bool:
+    return type(module).__name__.endswith("RotaryEmbedding") and isinstance(
+        getattr(module, "inv_freq", None), torch.Tensor
+    )
+
+
+def _rope_type(module: nn.Module) -> str:
+    rope_type = getattr(module, "rope_type", None)
+    if isinstance(rope_type, str):
+        return rope_type
+    params = getattr(getattr(module, "config", None), "rope_parameters", None) or {}
+    return str(params.get("rope_type", "default")) if isinstance(params, dict) else "default"
+
+
+def _inv_freq_at(module: nn.Module, head_dim: int) -> tuple[torch.Tensor, float]:
+    """The HF module's (inv_freq, attention_scaling) for a model of head size ``head_dim``.
+
+    Uses the module's own RoPE initialisation (the default formula or
+    transformers' ``ROPE_INIT_FUNCTIONS``) on a copy of its config whose
+    ``head_dim`` is the original one, so scaled RoPE types stay exact.
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = copy.copy(module.config)
+    config.head_dim = head_dim
+    rope_type = _rope_type(module)
+    if rope_type == "default":
+        inv_freq, scaling = type(module).compute_default_rope_parameters(config)
+    else:
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    return inv_freq.float(), float(scaling)
+
+
+def build_rotation_cache(
+    module: nn.Module, max_positions: int, dtype: torch.dtype, pad: DimPad | None
+) -> torch.Tensor:
+    """The rotation cache equivalent to the HF module over positions ``[0, max_positions)``.
+
+    Same arithmetic as HF's forward: float32 ``position * inv_freq``, cos/sin
+    times ``attention_scaling``, then rounded to ``dtype``.
+    """
+    rope_type = _rope_type(module)
+    if rope_type in DYNAMIC_ROPE_TYPES:
+        raise NotImplementedError(
+            f"{type(module).__name__} uses rope_type={rope_type!r}, whose frequencies change "
+            "with the sequence length at run time; spyre-inference precomputes the rotation "
+            "cache once and cannot serve it through the Transformers backend."
+        )
+    if pad is None:
+        inv_freq = module.inv_freq.float().cpu()
+        scaling = float(getattr(module, "attention_scaling", 1.0))
+    else:
+        inv_freq, scaling = _inv_freq_at(module, pad.original)
+    positions = torch.arange(max_positions, dtype=torch.int64).float()
+    freqs = positions[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos = (emb.cos() * scaling).to(dtype)
+    sin = (emb.sin() * scaling).to(dtype)
+    if pad is not None:
+        # Identity rotation on each half's pad: padded Q/K entries are zero
+        # and must stay zero.
+        extra = (pad.padded - pad.original) // 2
+        half = pad.original // 2
+        cos = torch.cat([F.pad(t, (0, extra), value=1.0) for t in cos.split(half, -1)], -1)
+        sin = torch.cat([F.pad(t, (0, extra), value=0.0) for t in sin.split(half, -1)], -1)
+    return rotation_cache(cos, sin)
+
+
+_overlay_cache: dict[tuple[int, int], Callable[..., Any]] = {}
+
+
+def _with_spyre_apply(fn: types.FunctionType) -> types.FunctionType:
+    """``fn`` with ``apply_rotary_pos_emb`` resolved to the Spyre apply (cached per fn)."""
+    key = (id(fn.__code__), id(fn.__globals__))
+    cached = _overlay_cache.get(key)
+    if cached is None:
+        namespace = dict(fn.__globals__)
+        namespace[APPLY_ROTARY_NAME] = spyre_apply_rotary_pos_emb
+        cached = types.FunctionType(
+            fn.__code__, namespace, fn.__name__, fn.__defaults__, fn.__closure__
+        )
+        cached.__kwdefaults__ = fn.__kwdefaults__
+        cached.__qualname__ = fn.__qualname__
+        _overlay_cache[key] = cached
+    return cached
+
+
+def _forward_function(module: nn.Module) -> types.FunctionType:
+    forward = module.forward
+    fn = forward.__func__ if isinstance(forward, types.MethodType) else forward
+    return inspect.unwrap(fn)
+
+
+class SpyreTransformersForCausalLM(TransformersForCausalLM):
+    """``TransformersForCausalLM`` whose RoPE is a precomputed Spyre rotation cache."""
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self._spyre_replace_rotary(vllm_config)
+
+    def _spyre_replace_rotary(self, vllm_config: VllmConfig) -> None:
+        model_config = vllm_config.model_config
+        max_positions = model_config.max_model_len
+        dtype = model_config.dtype
+        plan = current_plan()
+        pad = plan.head_dim if plan is not None else None
+        if pad is not None and pad.padded == pad.original:
+            pad = None
+
+        replaced: list[str] = []
+        for name, module in list(self.model.named_modules()):
+            if not _is_hf_rotary(module):
+                continue
+            params = inspect.signature(module.forward).parameters
+            if list(params) != ["x", "position_ids"]:
+                raise NotImplementedError(
+                    f"{type(module).__name__} ({name}) has forward{tuple(params)}; the "
+                    "Spyre Transformers backend replaces rotary modules with the "
+                    "forward(x, position_ids) signature only."
+                )
+            cache = build_rotation_cache(module, max_positions, dtype, pad)
+            spyre = SpyreHFRotaryEmbedding(cache, type(module).__name__)
+            parent_name, _, child = name.rpartition(".")
+            parent = self.model.get_submodule(parent_name) if parent_name else self.model
+            setattr(parent, child, spyre)
+            replaced.append(name)
+        if not replaced:
+            raise NotImplementedError(
+                f"{type(self.model).__name__} has no Hugging Face rotary module "
+                "(a *RotaryEmbedding with inv_freq) for spyre-inference to replace."
+            )
+
+        rebound = 0
+        for name, module in self.model.named_modules():
+            if not isinstance(getattr(module, VLLM_ATTN_ATTR, None), AttentionLayerBase):
+                continue
+            fn = _forward_function(module)
+            if APPLY_ROTARY_NAME not in fn.__code__.co_names:
+                raise NotImplementedError(
+                    f"{type(module).__name__} ({name}) does not rotate through "
+                    f"{APPLY_ROTARY_NAME}(); the Spyre Transformers backend cannot apply "
+                    "its rotation cache there."
+                )
+            module.forward = types.MethodType(_with_spyre_apply(fn), module)
+            rebound += 1
+        logger.info(
+            "Transformers backend: Spyre rotation cache for %s (%d positions), %d attention "
+            "modules rotate with the 2x2 matmul",
+            ", ".join(replaced),
+            max_positions,
+            rebound,
+        )
+
+
+__all__ = [
+    "SpyreHFRotaryEmbedding",
+    "SpyreTransformersForCausalLM",
+    "build_rotation_cache",
+    "rotation_cache",
+    "spyre_apply_rotary_pos_emb",
+]

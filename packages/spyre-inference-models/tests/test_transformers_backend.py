@@ -1,0 +1,132 @@
+"""``model_impl="transformers"``: Spyre rotation cache and matmul apply vs Hugging Face.
+
+Layer level: the cache built from an HF rotary module, gathered and applied with
+:func:`spyre_apply_rotary_pos_emb`, rotates q and k as HF's own
+``rotary_emb`` + ``apply_rotary_pos_emb`` do (float32; the only difference a
+2-term matmul may make is one rounding). Engine level: a tiny Llama served with
+``model_impl="transformers"`` is built as ``SpyreTransformersForCausalLM``, its
+rotary module is the Spyre one, every attention module rotates with the Spyre
+apply, and greedy tokens equal Hugging Face's exactly in float32.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spyre_inference.models.transformers_backend import (
+    SpyreHFRotaryEmbedding,
+    build_rotation_cache,
+    spyre_apply_rotary_pos_emb,
+)
+from spyre_inference.platform.stick_pad import DimPad
+from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy, tiny_config
+
+MAX_POS = 256
+
+
+def _hf_rotary(**overrides):
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    return LlamaRotaryEmbedding(tiny_config("llama", **overrides))
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ],
+    ids=["default", "llama3"],
+)
+def test_cache_and_apply_match_hf(overrides) -> None:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    hf = _hf_rotary(**overrides)
+    spyre = SpyreHFRotaryEmbedding(build_rotation_cache(hf, MAX_POS, torch.float32, None), "x")
+    gen = torch.Generator().manual_seed(0)
+    heads, kv_heads, tokens, head_dim = 4, 2, 37, 64
+    q = torch.randn(1, heads, tokens, head_dim, generator=gen)
+    k = torch.randn(1, kv_heads, tokens, head_dim, generator=gen)
+    positions = torch.randint(0, MAX_POS, (1, tokens), generator=gen)
+    x = torch.zeros(1, tokens, 256)
+
+    want_q, want_k = apply_rotary_pos_emb(q, k, *hf(x, positions))
+    got_q, got_k = spyre_apply_rotary_pos_emb(q, k, *spyre(x, positions))
+    torch.testing.assert_close(got_q, want_q, rtol=0, atol=2e-6)
+    torch.testing.assert_close(got_k, want_k, rtol=0, atol=2e-6)
+
+
+def test_padded_head_keeps_original_frequencies() -> None:
+    """With head_dim 32 widened to 64 the rotation of the real entries is HF's at 32."""
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    hf_small = _hf_rotary(head_dim=32)
+    hf_padded = _hf_rotary(head_dim=64)  # what the widened config builds
+    pad = DimPad(32, 64)
+    cache = build_rotation_cache(hf_padded, MAX_POS, torch.float32, pad)
+    spyre = SpyreHFRotaryEmbedding(cache, "x")
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, 2, 9, 32, generator=gen)
+    positions = torch.arange(100, 109)[None]
+    want, _ = apply_rotary_pos_emb(q, q, *hf_small(torch.zeros(1, 9, 8), positions))
+
+    def widen(t):  # [x1, x2] -> [x1, 0, x2, 0], as the QKV loader pads
+        x1, x2 = t.chunk(2, -1)
+        z = torch.zeros_like(x1)
+        return torch.cat((x1, z, x2, z), -1)
+
+    got, _ = spyre_apply_rotary_pos_emb(widen(q), widen(q), *spyre(torch.zeros(1, 9, 8), positions))
+    torch.testing.assert_close(got, widen(want), rtol=0, atol=2e-6)
+
+
+def test_dynamic_rope_is_refused() -> None:
+    hf = _hf_rotary(rope_parameters={"rope_type": "dynamic", "rope_theta": 1e4, "factor": 2.0})
+    with pytest.raises(NotImplementedError, match="dynamic"):
+        build_rotation_cache(hf, MAX_POS, torch.float32, None)
+
+
+def _inspect(model):
+    attn_applies = sorted(
+        {
+            module.forward.__func__.__globals__["apply_rotary_pos_emb"].__name__
+            for module in model.modules()
+            if hasattr(module, "attn") and hasattr(module.forward, "__func__")
+        }
+    )
+    return {
+        "model": type(model).__name__,
+        "classes": sorted({type(m).__name__ for m in model.modules()}),
+        "applies": attn_applies,
+        "num_attn": sum(1 for m in model.modules() if type(m).__name__ == "LlamaAttention"),
+    }
+
+
+MAX_TOKENS = 16
+PROMPTS = TEST_PROMPTS[:6]
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "compiled"])
+def test_tiny_llama_transformers_backend_equals_hf(tiny_llama, make_llm, eager) -> None:
+    want = hf_greedy(tiny_llama, PROMPTS, MAX_TOKENS, "float32")
+    llm = make_llm(tiny_llama, dtype="float32", model_impl="transformers", enforce_eager=eager)
+    (info,) = llm.apply_model(_inspect)
+    assert info["model"] == "SpyreTransformersForCausalLM"
+    assert "SpyreHFRotaryEmbedding" in info["classes"]
+    assert "LlamaRotaryEmbedding" not in info["classes"]
+    assert info["num_attn"] == 2 and info["applies"] == ["spyre_apply_rotary_pos_emb"]
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(list(PROMPTS), params)]
+    mismatches = {i: (w, g) for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w}
+    assert not mismatches
