@@ -179,3 +179,24 @@ class RankPair:
             conn.close()
         if os.path.exists(self._store):
             os.unlink(self._store)
+
+
+class Ranks:
+    """A :class:`RankPair` that is replaced by a fresh one when a test breaks it."""
+
+    def __init__(self, **options: Any) -> None:
+        self._options = options
+        self._pair: RankPair | None = None
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[Any]:
+        if self._pair is not None and self._pair.broken:
+            self._pair.close()
+            self._pair = None
+        if self._pair is None:
+            self._pair = RankPair(**self._options)
+        return self._pair.run(fn, *args, **kwargs)
+
+    def close(self) -> None:
+        if self._pair is not None:
+            self._pair.close()
+            self._pair = None
