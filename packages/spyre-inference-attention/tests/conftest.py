@@ -18,8 +18,7 @@ MAX_NUM_BATCHED_TOKENS = 64
 BLOCK_SIZE = 64
 
 
-@pytest.fixture(scope="session")
-def vllm_config(tmp_path_factory):
+def _make_config(tmp_path_factory, *, enforce_eager: bool, **scheduler):
     from transformers import LlamaConfig
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
 
@@ -39,10 +38,11 @@ def vllm_config(tmp_path_factory):
         dtype="float32",
         max_model_len=MAX_MODEL_LEN,
         skip_tokenizer_init=True,
+        enforce_eager=enforce_eager,
     )
     scheduler_config = SchedulerConfig(
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-        max_num_seqs=16,
+        max_num_seqs=scheduler.get("max_num_seqs", 16),
         max_model_len=MAX_MODEL_LEN,
         is_encoder_decoder=False,
     )
@@ -51,3 +51,29 @@ def vllm_config(tmp_path_factory):
         scheduler_config=scheduler_config,
         cache_config=CacheConfig(block_size=BLOCK_SIZE),
     )
+
+
+@pytest.fixture(scope="session")
+def vllm_config(tmp_path_factory):
+    """``--enforce-eager``: the token-major kernels run eagerly (the correctness matrix)."""
+    return _make_config(tmp_path_factory, enforce_eager=True)
+
+
+@pytest.fixture(scope="session")
+def compiled_vllm_config(tmp_path_factory):
+    """The model compiles: every attention kernel is an Inductor graph per bucket."""
+    return _make_config(tmp_path_factory, enforce_eager=False)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_settings():
+    """Re-parse plugin settings after every test (tests change the environment).
+
+    Autouse fixtures are set up before ``monkeypatch`` and torn down after it
+    has restored the environment, so the cache never outlives a test's values.
+    """
+    from spyre_inference.platform import settings
+
+    settings.reset_cache()
+    yield
+    settings.reset_cache()

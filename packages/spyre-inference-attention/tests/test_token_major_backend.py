@@ -1,17 +1,7 @@
-"""The token-major backend against plain PyTorch attention.
+"""Token-major specifics: the KV store, the cache views, declarations, the builder's plan.
 
-Every case is driven the way vLLM's runner drives a backend: a cache allocated
-by vLLM's own ``create_kv_cache_views`` in the layout the backend declares,
-context tokens already in (randomly placed) pages, a ``CommonAttentionMetadata``
-turned into metadata by the backend's builder, then ``do_kv_cache_update`` and
-``forward`` on the impl. The reference is dense
-``torch.nn.functional.scaled_dot_product_attention`` in float64 over each
-sequence's ground-truth K/V with the causal offset of its cached context (an
-explicit softmax only where SDPA has no knob: logits soft-cap).
-
-Unused cache memory, the null block included, is filled with large finite
-garbage so a page or slot that should be masked but is not shows up as a wrong
-result rather than passing by luck.
+The numerical matrix (workloads, GQA ratios, windows, soft-cap, ALiBi, compiled
+graphs) runs against both decoder layouts in ``test_decoder_backends.py``.
 """
 
 from __future__ import annotations
@@ -22,8 +12,18 @@ import importlib
 import pytest
 import torch
 import torch.nn.functional as F
+from attn_testutil import (
+    FP32_TOL,
+    Case,
+    allocate_layer_cache,
+    reference,
+    reset_settings,
+    visible,
+)
+from attn_testutil import make_impl as _make_impl
+from attn_testutil import prepare as _prepare
+from attn_testutil import run_backend as _run_backend
 from vllm.config import set_current_vllm_config
-from vllm.v1.attention.backend import CommonAttentionMetadata
 from vllm.v1.attention.backends.registry import AttentionBackendEnum
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
@@ -42,272 +42,23 @@ from spyre_inference.attention.backends.token_major import (
 from spyre_inference.attention.ops import slot_major_view
 from spyre_inference.platform import discovery
 
-#: float32 against a float64 reference: only summation order differs.
-FP32_TOL = {"atol": 5e-6, "rtol": 1e-5}
-#: bfloat16: Q.K^T and P.V run in bfloat16 (as the card runs them in float16),
-#: so scores and probabilities carry bf16 rounding (8 mantissa bits, ~0.4%).
-BF16_TOL = {"atol": 3e-2, "rtol": 3e-2}
-
-GARBAGE = 1.0e3
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-@dataclasses.dataclass
-class Case:
-    seq_lens: list[int]
-    query_lens: list[int]
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_size: int = 16
-    dtype: torch.dtype = torch.float32
-    sliding_window: int | None = None
-    soft_cap: float | None = None
-    #: padded token rows after the real ones (the runner's num_tokens bucket)
-    pad_tokens: int = 3
-    #: spare blocks that hold no sequence (garbage that must never be read)
-    spare_blocks: int = 3
-    query_gain: float = 1.0
-    seed: int = 0
-
-
-@dataclasses.dataclass
-class Step:
-    """One prepared step: inputs, the cache, the metadata, the ground truth."""
-
-    case: Case
-    query: torch.Tensor  # [T, H, D] incl. padding rows
-    key: torch.Tensor  # [T, KVH, D]
-    value: torch.Tensor
-    kv_cache: torch.Tensor  # logical [B, KVH, N, 2D] view (LBNHC strides)
-    common: CommonAttentionMetadata
-    spec: FullAttentionSpec
-    block_table: torch.Tensor
-    k_full: list[torch.Tensor]  # per sequence, [seq_len, KVH, D]
-    v_full: list[torch.Tensor]
-    q_rows: list[torch.Tensor]  # per sequence, [query_len, H, D]
-
-    @property
-    def num_actual_tokens(self) -> int:
-        return sum(self.case.query_lens)
-
-
-def allocate_layer_cache(spec: FullAttentionSpec, num_blocks: int) -> torch.Tensor:
-    """One layer's cache through vLLM's own view code, in the backend's layout."""
-    (layout,) = SpyreAttentionBackend.supported_kv_cache_layouts()
-    raw = torch.zeros(num_blocks * spec.page_size_bytes, dtype=torch.int8)
-    layer_stride, block_stride, *_ = compute_layout_strides(spec, num_blocks, 1, layout)
-    tensor = KVCacheTensor(
-        size=raw.numel(), layers=["layer.0"], layer_stride=layer_stride, block_stride=block_stride
-    )
-    (view,) = create_kv_cache_views(raw, spec, num_blocks, layout, tensor)
-    return view
-
-
-def prepare(case: Case, block_size: int) -> Step:
-    gen = torch.Generator().manual_seed(case.seed)
-    H, KVH, D = case.num_heads, case.num_kv_heads, case.head_size
-
-    def randn(*shape: int, gain: float = 1.0) -> torch.Tensor:
-        return (torch.randn(*shape, generator=gen) * gain).to(case.dtype)
-
-    blocks_per_seq = [cdiv(s, block_size) for s in case.seq_lens]
-    num_blocks = 1 + sum(blocks_per_seq) + case.spare_blocks  # block 0: the null block
-    spec = FullAttentionSpec(block_size=block_size, num_kv_heads=KVH, head_size=D, dtype=case.dtype)
-    kv_cache = allocate_layer_cache(spec, num_blocks)
-    kv_cache.copy_(randn(*kv_cache.shape, gain=GARBAGE))
-
-    # Pages of all sequences in a random order over blocks 1.. (0 stays null).
-    perm = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    block_table = torch.zeros((len(case.seq_lens), max(blocks_per_seq) + 2), dtype=torch.int32)
-    k_full, v_full, q_rows = [], [], []
-    slots, queries, keys, values = [], [], [], []
-    for i, (seq_len, q_len) in enumerate(zip(case.seq_lens, case.query_lens, strict=True)):
-        n = blocks_per_seq[i]
-        block_table[i, :n] = torch.tensor(perm[:n], dtype=torch.int32)
-        perm = perm[n:]
-        k, v = randn(seq_len, KVH, D), randn(seq_len, KVH, D)
-        k_full.append(k)
-        v_full.append(v)
-        q = randn(q_len, H, D, gain=case.query_gain)
-        q_rows.append(q)
-        ctx = seq_len - q_len
-        pos = torch.arange(seq_len)
-        blk = block_table[i, pos // block_size].long()
-        off = pos % block_size
-        # The cached context goes in through vLLM's logical view; new tokens
-        # arrive through the backend's KV store.
-        kv_cache[blk[:ctx], :, off[:ctx], :D] = k[:ctx]
-        kv_cache[blk[:ctx], :, off[:ctx], D:] = v[:ctx]
-        slots.append(blk[ctx:] * block_size + off[ctx:])
-        queries.append(q)
-        keys.append(k[ctx:])
-        values.append(v[ctx:])
-
-    pad = case.pad_tokens
-    query = torch.cat([*queries, randn(pad, H, D)])
-    key = torch.cat([*keys, randn(pad, KVH, D)])
-    value = torch.cat([*values, randn(pad, KVH, D)])
-    slot_mapping = torch.cat([*slots, torch.full((pad,), -1, dtype=torch.int64)])
-
-    query_start_loc = torch.zeros(len(case.query_lens) + 1, dtype=torch.int32)
-    query_start_loc[1:] = torch.tensor(case.query_lens).cumsum(0)
-    seq_lens = torch.tensor(case.seq_lens, dtype=torch.int32)
-    common = CommonAttentionMetadata(
-        query_start_loc=query_start_loc,
-        query_start_loc_cpu=query_start_loc.clone(),
-        seq_lens=seq_lens,
-        seq_lens_cpu_upper_bound=seq_lens.clone(),
-        num_reqs=len(case.seq_lens),
-        num_actual_tokens=sum(case.query_lens),
-        max_query_len=max(case.query_lens),
-        max_seq_len=max(case.seq_lens),
-        block_table_tensor=block_table,
-        slot_mapping=slot_mapping,
-        causal=True,
-    )
-    return Step(
-        case, query, key, value, kv_cache, common, spec, block_table, k_full, v_full, q_rows
-    )
-
-
-def make_impl(vllm_config, case: Case) -> SpyreAttentionImpl:
-    # Impls capture the current config at construction, as during model loading.
-    with set_current_vllm_config(vllm_config):
-        return SpyreAttentionImpl(
-            num_heads=case.num_heads,
-            head_size=case.head_size,
-            scale=case.head_size**-0.5,
-            num_kv_heads=case.num_kv_heads,
-            alibi_slopes=None,
-            sliding_window=case.sliding_window,
-            kv_cache_dtype="auto",
-            logits_soft_cap=case.soft_cap,
-        )
-
-
-def run_backend(vllm_config, step: Step) -> torch.Tensor:
-    builder = SpyreAttentionMetadataBuilder(
-        step.spec, ["layer.0"], vllm_config, torch.device("cpu")
-    )
-    metadata = builder.build(common_prefix_len=0, common_attn_metadata=step.common)
-    impl = make_impl(vllm_config, step.case)
-    impl.do_kv_cache_update(None, step.key, step.value, step.kv_cache, metadata.slot_mapping)
-    output = torch.full_like(step.query, float("nan"))
-    return impl.forward(
-        None, step.query, step.key, step.value, step.kv_cache, metadata, output=output
-    )
-
-
-def visible(q_len: int, seq_len: int, window: int | None) -> torch.Tensor:
-    """[q_len, seq_len] bool: causal with the context offset, optional window."""
-    q_pos = torch.arange(q_len).unsqueeze(1) + (seq_len - q_len)
-    k_pos = torch.arange(seq_len).unsqueeze(0)
-    keep = k_pos <= q_pos
-    if window is not None:
-        keep &= (q_pos - k_pos) < window
-    return keep
-
-
-def reference(step: Step) -> torch.Tensor:
-    """Dense attention per sequence in float64, concatenated over sequences."""
-    case = step.case
-    groups = case.num_heads // case.num_kv_heads
-    scale = case.head_size**-0.5
-    outs = []
-    for q, k, v in zip(step.q_rows, step.k_full, step.v_full, strict=True):
-        q64 = q.double().transpose(0, 1)  # [H, q_len, D]
-        k64 = k.double().repeat_interleave(groups, dim=1).transpose(0, 1)  # [H, seq, D]
-        v64 = v.double().repeat_interleave(groups, dim=1).transpose(0, 1)
-        keep = visible(q.shape[0], k.shape[0], case.sliding_window)
-        if case.soft_cap is None:
-            out = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=keep, scale=scale)
-        else:
-            scores = q64 @ k64.transpose(-1, -2) * scale
-            scores = case.soft_cap * torch.tanh(scores / case.soft_cap)
-            probs = scores.masked_fill(~keep, float("-inf")).softmax(dim=-1)
-            out = probs @ v64
-        outs.append(out.transpose(0, 1))
-    return torch.cat(outs)
-
-
-def check(vllm_config, case: Case) -> None:
-    block_size = vllm_config.cache_config.block_size
-    step = prepare(case, block_size)
-    out = run_backend(vllm_config, step)
-    n = step.num_actual_tokens
-    ref = reference(step)
-    tol = FP32_TOL if case.dtype == torch.float32 else BF16_TOL
-    assert out.dtype == case.dtype
-    torch.testing.assert_close(out[:n].double(), ref, **tol)
-    # Padding rows of the step are zeroed, never left as garbage.
-    assert torch.equal(out[n:], torch.zeros_like(out[n:]))
-
-
-# ---- workloads --------------------------------------------------------------
+BACKEND = SpyreAttentionBackend
 
 WORKLOADS = {
-    "single_decode": ([200], [1]),
-    "single_prefill": ([50], [50]),
-    "many_decodes": ([10, 65, 130, 257, 64, 1], [1, 1, 1, 1, 1, 1]),
-    "small_prefills": ([5, 17, 33, 2], [5, 17, 33, 2]),
     "mixed": ([300, 40, 129, 7, 65], [1, 40, 1, 7, 1]),
-    "prefix_cached": ([150, 200, 128 + 9], [22, 50, 9]),
-    "prefix_cached_block_aligned": ([192, 70], [64, 6]),
-    "long_context": ([1500, 1000], [1, 60]),
 }
 
 
-@pytest.mark.parametrize("workload", sorted(WORKLOADS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_matches_dense_reference(vllm_config, workload, dtype):
-    seq_lens, query_lens = WORKLOADS[workload]
-    check(vllm_config, Case(seq_lens, query_lens, dtype=dtype))
+def prepare(case: Case, block_size: int):
+    return _prepare(BACKEND, case, block_size)
 
 
-@pytest.mark.parametrize(
-    ("num_heads", "num_kv_heads"),
-    [(4, 4), (4, 2), (8, 2), (8, 1)],
-    ids=["mha", "gqa2", "gqa4", "mqa"],
-)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_head_grouping(vllm_config, num_heads, num_kv_heads, dtype):
-    seq_lens, query_lens = WORKLOADS["mixed"]
-    check(
-        vllm_config,
-        Case(seq_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, dtype=dtype),
-    )
+def make_impl(vllm_config, case: Case) -> SpyreAttentionImpl:
+    return _make_impl(BACKEND, vllm_config, case)
 
 
-@pytest.mark.parametrize("window", [1, 5, 64, 100])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_sliding_window(vllm_config, window, dtype):
-    # Long enough that whole pages fall before the window for the decodes,
-    # and prefills whose rows see a window inside their own chunk.
-    check(
-        vllm_config,
-        Case([300, 40, 200, 7], [1, 40, 30, 7], sliding_window=window, dtype=dtype),
-    )
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_logits_soft_cap(vllm_config, dtype):
-    # A query gain that pushes scores well past the cap, so capping matters.
-    check(
-        vllm_config,
-        Case([300, 40, 150], [1, 40, 22], soft_cap=5.0, query_gain=6.0, dtype=dtype),
-    )
-
-
-def test_soft_cap_and_window_together(vllm_config):
-    check(vllm_config, Case([260, 50], [3, 50], sliding_window=33, soft_cap=4.0, query_gain=5.0))
-
-
-def test_head_size_64(vllm_config):
-    """The spec's smallest real head size (one stick), GQA, mixed step."""
-    check(vllm_config, Case([130, 20], [1, 20], num_heads=4, num_kv_heads=2, head_size=64))
+def run_backend(vllm_config, step) -> torch.Tensor:
+    return _run_backend(BACKEND, vllm_config, step)
 
 
 def test_softcap_reference_matches_sdpa():
@@ -444,7 +195,7 @@ def test_slot_major_view_rejects_head_major_cache():
 
 def test_slot_major_view_is_a_view_of_vllm_allocation():
     spec = FullAttentionSpec(block_size=64, num_kv_heads=2, head_size=16, dtype=torch.float32)
-    cache = allocate_layer_cache(spec, 4)
+    cache = allocate_layer_cache(BACKEND, spec, 4)
     slots = slot_major_view(cache)
     assert slots.shape == (4 * 64, 2, 32)
     assert slots.data_ptr() == cache.data_ptr()
@@ -488,8 +239,6 @@ def test_profiling_run_without_metadata_returns_zeros(vllm_config):
 
 
 def test_unsupported_features_fail_loudly(vllm_config):
-    with set_current_vllm_config(vllm_config), pytest.raises(NotImplementedError, match="ALiBi"):
-        SpyreAttentionImpl(4, 16, 0.25, 2, alibi_slopes=[1.0] * 4)
     with (
         set_current_vllm_config(vllm_config),
         pytest.raises(NotImplementedError, match="kv_cache_dtype"),
@@ -551,7 +300,8 @@ def test_through_vllm_attention_layer(vllm_config, window):
 # ---- the builder's plan -------------------------------------------------------
 
 
-def test_builder_pads_onto_buckets_and_skips_padding_requests(vllm_config):
+def test_builder_pads_onto_buckets_and_skips_padding_requests(vllm_config, monkeypatch):
+    reset_settings(monkeypatch, SPYRE_BATCHED_DECODE="0")
     block_size = vllm_config.cache_config.block_size
     case = Case([300, 40, 129], [1, 40, 1], pad_tokens=0)
     step = prepare(case, block_size)
@@ -576,9 +326,9 @@ def test_builder_pads_onto_buckets_and_skips_padding_requests(vllm_config):
     assert [s.kv_block_bucket for s in metadata.seqs] == [8, 1, 4]  # 5, 1, 3 pages used
     seq = metadata.seqs[0]
     assert seq.q_index.tolist() == [0]
-    assert seq.block_ids.shape == (8, 1)
-    assert seq.block_ids[:5, 0].tolist() == step.block_table[0, :5].tolist()
-    assert set(seq.block_ids[5:, 0].tolist()) == {NULL_BLOCK}
+    assert seq.block_ids.shape == (8,)
+    assert seq.block_ids[:5].tolist() == step.block_table[0, :5].tolist()
+    assert set(seq.block_ids[5:].tolist()) == {NULL_BLOCK}
     prefill = metadata.seqs[1]
     assert prefill.q_index.tolist() == list(range(1, 41)) + [1] * 24
     mask = metadata.tile_masks(None)[1]
@@ -586,3 +336,53 @@ def test_builder_pads_onto_buckets_and_skips_padding_requests(vllm_config):
     # Row 39 (the last real one) sees keys 0..39; padded rows see nothing.
     assert (mask[39, :40] == 0).all() and (mask[39, 40:] < -1e30).all()
     assert (mask[40:] < -1e30).all()
+
+
+def test_builder_batches_decodes(vllm_config, monkeypatch):
+    """Single-row sequences go to one decode batch on a (num-seqs, pages) bucket."""
+    reset_settings(monkeypatch, SPYRE_BATCHED_DECODE=None)  # the default: on
+    block_size = vllm_config.cache_config.block_size
+    case = Case([300, 40, 129, 7, 65], [1, 40, 1, 7, 1], pad_tokens=0)
+    step = prepare(case, block_size)
+    builder = SpyreAttentionMetadataBuilder(
+        step.spec, ["layer.0"], vllm_config, torch.device("cpu")
+    )
+    metadata = builder.build(0, step.common)
+    # The two prefills keep their own kernels ...
+    assert [s.query_len for s in metadata.seqs] == [40, 7]
+    # ... the three decodes (query rows 0, 41, 49) share one batch of 4 (max_num_seqs 16:
+    # buckets 4, 8, 16), padded to the longest one's page bucket (300 tokens: 5 -> 8).
+    batch = metadata.decode
+    assert batch is not None
+    assert batch.rows == [0, 41, 49] and batch.seq_lens == [300, 129, 65]
+    assert (batch.num_seqs_bucket, batch.kv_block_bucket) == (4, 8)
+    assert batch.q_index.tolist() == [0, 41, 49, 0]
+    assert batch.out_index.tolist() == [0, 41, 49]
+    table = step.block_table
+    assert batch.block_ids[0, :5].tolist() == table[0, :5].tolist()
+    assert batch.block_ids[1, :3].tolist() == table[2, :3].tolist()
+    # Past each sequence's pages (stale ids in the table) and the padding entry: null.
+    assert set(batch.block_ids[1, 3:].tolist()) == {NULL_BLOCK}
+    assert set(batch.block_ids[3].tolist()) == {NULL_BLOCK}
+    mask = metadata.decode_mask(None)
+    assert mask.shape == (4, 8 * block_size)
+    assert (mask[1, :129] == 0).all() and (mask[1, 129:] < -1e30).all()
+    assert (mask[3] < -1e30).all()
+    windowed = metadata.decode_mask(10)
+    assert (windowed[1, 119:129] == 0).all() and (windowed[1, :119] < -1e30).all()
+
+
+def test_alibi_bias_tiles(vllm_config, monkeypatch):
+    reset_settings(monkeypatch, SPYRE_BATCHED_DECODE=None)
+    block_size = vllm_config.cache_config.block_size
+    step = prepare(Case([70, 5], [1, 5], pad_tokens=0), block_size)
+    builder = SpyreAttentionMetadataBuilder(
+        step.spec, ["layer.0"], vllm_config, torch.device("cpu")
+    )
+    metadata = builder.build(0, step.common)
+    # Prefill of 5 with no context: row i, key j -> j - i.
+    (bias,) = metadata.alibi_biases()
+    assert bias[2, :5].tolist() == [-2.0, -1.0, 0.0, 1.0, 2.0]
+    # The decode of a 70-token sequence sits at position 69.
+    assert metadata.decode_alibi_bias()[0, 69].item() == 0.0
+    assert metadata.decode_alibi_bias()[0, 0].item() == -69.0

@@ -9,17 +9,22 @@ The KV cache of a layer is one dense tensor whose pages are token-major,
    ``query_start_loc``/``seq_lens``/``block_table``, pads every sequence's
    query length and page count onto their buckets
    (:class:`~spyre_inference.attention.bucketing.AttnBucketer`), builds the
-   per-sequence query-row and page index tables and the additive mask tiles
-   on the host, and copies them to the device once per step.
+   query-row and page index tables and the additive mask tiles on the host,
+   and copies them to the device once per step. Single-row (decode) sequences
+   are gathered into one batch padded onto a num-seqs bucket when the
+   batched-decode kernel is on (``SPYRE_BATCHED_DECODE``, the default).
 2. **KV write (device).** :meth:`SpyreAttentionImpl.do_kv_cache_update`
    scatters the new tokens' K|V through the slot-major view with one
    ``index_copy_``; only the slot-index vector is computed on the host.
-3. **Page attention (device).** A host loop dispatches
-   :func:`~spyre_inference.attention.ops.page_attention` once per sequence:
-   query rows are gathered on the device, pages are visited with an online
-   softmax.
-4. **Write-back (device).** Each sequence's rows are copied device-to-device
-   into the layer's output buffer.
+3. **Page attention (device).** A host loop dispatches the compiled
+   per-sequence kernel for every multi-row sequence, and the batched-decode
+   kernel once for all decodes; query rows are gathered on the device.
+4. **Write-back (device).** Each result is copied device-to-device into the
+   layer's output buffer.
+
+Kernels compile once per bucket (:mod:`spyre_inference.attention.ops.compiled`,
+rules in :mod:`spyre_inference.attention.policy`); warm-up records them all
+(:mod:`spyre_inference.attention.warmup`).
 
 Integer tensors are only ever built on the host; on the card they serve as
 gather/scatter indices and nothing else (Spyre has no integer compute).
@@ -28,10 +33,10 @@ gather/scatter indices and nothing else (Spyre has no integer compute).
 from __future__ import annotations
 
 import dataclasses
-import logging
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from vllm.config import get_current_vllm_config
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -45,22 +50,17 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
+from spyre_inference.attention import ops, policy
 from spyre_inference.attention.bucketing import AttnBucketer, cdiv
-from spyre_inference.attention.ops import (
-    allocate_pages,
-    mask_value,
-    page_attention,
-    slot_major_view,
-    store_kv,
-    token_major_pages,
-)
 from spyre_inference.platform import device as placement
+from spyre_inference.platform import stick_pad
+from spyre_inference.platform.logs import get_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.cache import CacheDType
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: Slot the padding rows of a step are written to: slot 0 of block 0, vLLM's
 #: null block, which the block pool never gives to a request. Writing padding
@@ -96,7 +96,7 @@ def build_tile_mask(
     order). A key is visible when the row is real (``i < query_len``), the key
     exists (``j < seq_len``), it is not in the future (causal) and, with a
     window ``W``, it is among the last ``W`` positions (``pos_q - pos_k < W``,
-    vLLM's convention). Everything else gets :func:`mask_value`.
+    vLLM's convention). Everything else gets :func:`~.ops.mask_value`.
     """
     rows = torch.arange(query_bucket).unsqueeze(1)
     keys = torch.arange(kv_tokens).unsqueeze(0)
@@ -105,12 +105,26 @@ def build_tile_mask(
     if sliding_window is not None:
         keep &= (q_pos - keys) < sliding_window
     mask = torch.zeros((query_bucket, kv_tokens), dtype=dtype)
-    return mask.masked_fill_(~keep, mask_value(dtype))
+    return mask.masked_fill_(~keep, ops.mask_value(dtype))
+
+
+def build_alibi_bias(
+    context_len: int, query_bucket: int, kv_tokens: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """``[query_bucket, kv_tokens]`` key minus query position (host tensor).
+
+    ALiBi adds ``slope_h * (pos_k - pos_q)`` to head ``h``'s scores (vLLM's and
+    the ALiBi paper's convention); the kernel multiplies this tile by each
+    head's slope. Masked entries get a finite value too (they are masked).
+    """
+    q_pos = torch.arange(query_bucket).unsqueeze(1) + context_len
+    keys = torch.arange(kv_tokens).unsqueeze(0)
+    return (keys - q_pos).to(dtype)
 
 
 @dataclasses.dataclass
 class SequencePlan:
-    """One sequence of the step, padded onto its (query, KV) bucket pair."""
+    """One multi-row sequence of the step, padded onto its (query, KV) bucket pair."""
 
     query_start: int
     query_len: int
@@ -120,8 +134,32 @@ class SequencePlan:
     kv_block_bucket: int
     #: ``[query_bucket]`` int64 device tensor: rows of the step's query.
     q_index: torch.Tensor
-    #: ``[kv_block_bucket, 1]`` int64 device tensor: page ids, padded with the null block.
+    #: ``[kv_block_bucket]`` int64 device tensor: page ids, padded with the null block.
     block_ids: torch.Tensor
+    #: head-major only: ``[num_kv_heads, kv_block_bucket]`` rows of the folded cache.
+    page_index: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class DecodeBatch:
+    """The step's single-row sequences, padded onto a (num-seqs, KV) bucket pair."""
+
+    #: query rows of the real sequences (host ints), in batch order
+    rows: list[int]
+    seq_lens: list[int]
+    num_seqs_bucket: int
+    kv_block_bucket: int
+    #: ``[num_seqs_bucket]`` int64 device tensor: query row of every batch entry
+    #: (padding entries repeat the first row; they are masked and not written back)
+    q_index: torch.Tensor
+    #: ``[num_decodes]`` int64 device tensor: output rows of the real entries
+    out_index: torch.Tensor
+    #: ``[num_seqs_bucket, kv_block_bucket]`` int64 device tensor: page ids
+    block_ids: torch.Tensor
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.rows)
 
 
 @dataclasses.dataclass
@@ -131,12 +169,18 @@ class SpyreAttentionMetadata(AttentionMetadata):
     num_actual_tokens: int
     num_reqs: int
     block_size: int
+    #: multi-row sequences (and single-row ones when batched decode is off)
     seqs: list[SequencePlan]
+    #: single-row sequences, batched (None when there are none or batched decode is off)
+    decode: DecodeBatch | None
     #: vLLM's slot mapping, passed through (the runner hands each layer its own
     #: copy through the forward context; tests drive the store with this one).
     slot_mapping: torch.Tensor
     stats_dtype: torch.dtype
     _masks: dict[int | None, list[torch.Tensor]] = dataclasses.field(default_factory=dict)
+    _decode_masks: dict[int | None, torch.Tensor] = dataclasses.field(default_factory=dict)
+    _alibi: list[torch.Tensor] | None = None
+    _decode_alibi: torch.Tensor | None = None
 
     def tile_masks(self, sliding_window: int | None) -> list[torch.Tensor]:
         """Per-sequence device masks for layers with this window (None: full).
@@ -164,13 +208,85 @@ class SpyreAttentionMetadata(AttentionMetadata):
             self._masks[sliding_window] = masks
         return masks
 
+    def decode_mask(self, sliding_window: int | None) -> torch.Tensor:
+        """``[num_seqs_bucket, kv_tokens]`` device mask of the decode batch."""
+        assert self.decode is not None
+        mask = self._decode_masks.get(sliding_window)
+        if mask is None:
+            batch = self.decode
+            kv_tokens = batch.kv_block_bucket * self.block_size
+            # Entry i is the single row of a sequence of seq_lens[i] tokens: it
+            # sees keys 0..seq_len-1 (within the window); padding entries see
+            # nothing. One vectorised host build for the whole batch.
+            seq_lens = torch.zeros((batch.num_seqs_bucket, 1), dtype=torch.int64)
+            seq_lens[: batch.num_seqs, 0] = torch.tensor(batch.seq_lens, dtype=torch.int64)
+            keys = torch.arange(kv_tokens).unsqueeze(0)
+            keep = keys < seq_lens
+            if sliding_window is not None:
+                keep &= (seq_lens - 1 - keys) < sliding_window
+            host = torch.zeros((batch.num_seqs_bucket, kv_tokens), dtype=self.stats_dtype)
+            host.masked_fill_(~keep, ops.mask_value(self.stats_dtype))
+            mask = placement.to_device(host)
+            self._decode_masks[sliding_window] = mask
+        return mask
+
+    def alibi_biases(self) -> list[torch.Tensor]:
+        """Per-sequence ALiBi position tiles (built on first use by an ALiBi layer)."""
+        if self._alibi is None:
+            self._alibi = [
+                placement.to_device(
+                    build_alibi_bias(
+                        s.context_len,
+                        s.query_bucket,
+                        s.kv_block_bucket * self.block_size,
+                        self.stats_dtype,
+                    )
+                )
+                for s in self.seqs
+            ]
+        return self._alibi
+
+    def decode_alibi_bias(self) -> torch.Tensor:
+        """``[num_seqs_bucket, kv_tokens]`` ALiBi position tile of the decode batch."""
+        assert self.decode is not None
+        if self._decode_alibi is None:
+            batch = self.decode
+            kv_tokens = batch.kv_block_bucket * self.block_size
+            q_pos = torch.zeros((batch.num_seqs_bucket, 1), dtype=torch.int64)
+            q_pos[: batch.num_seqs, 0] = torch.tensor(batch.seq_lens, dtype=torch.int64) - 1
+            keys = torch.arange(kv_tokens).unsqueeze(0)
+            self._decode_alibi = placement.to_device((keys - q_pos).to(self.stats_dtype))
+        return self._decode_alibi
+
+
+def _max_model_len(vllm_config: VllmConfig) -> int:
+    model_config = vllm_config.model_config
+    if model_config is not None:
+        return model_config.max_model_len
+    return vllm_config.scheduler_config.max_model_len
+
+
+def make_bucketer(vllm_config: VllmConfig, block_size: int) -> AttnBucketer:
+    """The decoder bucketer of a configuration (shared by builders and warm-up)."""
+    scheduler = vllm_config.scheduler_config
+    return AttnBucketer(
+        block_size=block_size,
+        max_model_len=_max_model_len(vllm_config),
+        max_num_batched_tokens=scheduler.max_num_batched_tokens,
+        max_num_seqs=scheduler.max_num_seqs,
+        configured_num_seqs=policy.num_seqs_buckets_setting(),
+    )
+
 
 class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetadata]):
     """Host-side planning of one step for every layer of a KV-cache group."""
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
-    # Any order of prefills and decodes works: each sequence is dispatched alone.
+    # Any order of prefills and decodes works: each sequence is dispatched alone
+    # and the decodes are gathered by index.
     reorder_batch_threshold: int | None = None
+    #: Whether this layout has the batched-decode kernel.
+    supports_batched_decode: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -181,28 +297,80 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
-        model_config = vllm_config.model_config
-        max_model_len = (
-            model_config.max_model_len
-            if model_config is not None
-            else vllm_config.scheduler_config.max_model_len
-        )
-        self.bucketer = AttnBucketer(
-            block_size=self.block_size,
-            max_model_len=max_model_len,
-            max_num_batched_tokens=vllm_config.scheduler_config.max_num_batched_tokens,
-        )
+        self.num_kv_heads = kv_cache_spec.num_kv_heads
+        self.bucketer = make_bucketer(vllm_config, self.block_size)
         self.stats_dtype = softmax_stats_dtype(kv_cache_spec.dtype)
+        self.batched_decode = self.supports_batched_decode and policy.batched_decode_requested()
 
-    def _group_windows(self) -> set[int | None]:
-        """Sliding windows of this group's layers (None: full attention)."""
+    def _group_impls(self) -> list[Any]:
         context = self.vllm_config.compilation_config.static_forward_context
-        windows: set[int | None] = set()
+        impls = []
         for name in self.layer_names:
             impl = getattr(context.get(name), "impl", None)
             if isinstance(impl, SpyreAttentionImpl):
-                windows.add(impl.sliding_window)
-        return windows
+                impls.append(impl)
+        return impls
+
+    def _group_windows(self) -> set[int | None]:
+        """Sliding windows of this group's layers (None: full attention)."""
+        return {impl.sliding_window for impl in self._group_impls()}
+
+    def _sequence_plan(
+        self, q_start: int, q_len: int, seq_len: int, block_row: torch.Tensor
+    ) -> SequencePlan:
+        num_blocks = cdiv(seq_len, self.block_size)
+        q_bucket = self.bucketer.query_bucket(q_len)
+        kv_bucket = self.bucketer.kv_bucket(num_blocks)
+        # Padding rows repeat the first real row: a valid gather index whose
+        # output is masked and never written back.
+        q_index = torch.full((q_bucket,), q_start, dtype=torch.int64)
+        q_index[:q_len] = torch.arange(q_start, q_start + q_len, dtype=torch.int64)
+        block_ids = torch.full((kv_bucket,), NULL_BLOCK, dtype=torch.int64)
+        block_ids[:num_blocks] = block_row[:num_blocks].to(torch.int64)
+        return SequencePlan(
+            query_start=q_start,
+            query_len=q_len,
+            context_len=seq_len - q_len,
+            seq_len=seq_len,
+            query_bucket=q_bucket,
+            kv_block_bucket=kv_bucket,
+            q_index=placement.to_device(q_index),
+            block_ids=placement.to_device(block_ids),
+            page_index=self._page_index(block_ids),
+        )
+
+    def _page_index(self, block_ids: torch.Tensor) -> torch.Tensor | None:
+        """Head-major builders add the folded-cache rows of every page."""
+        return None
+
+    def _decode_batch(
+        self, rows: list[int], seq_lens: list[int], block_table: torch.Tensor, reqs: list[int]
+    ) -> DecodeBatch:
+        num = len(rows)
+        s_bucket = self.bucketer.num_seqs_bucket(num)
+        lens = torch.tensor(seq_lens, dtype=torch.int64)
+        kv_bucket = self.bucketer.kv_bucket(cdiv(int(lens.max()), self.block_size))
+        q_index = torch.full((s_bucket,), rows[0], dtype=torch.int64)
+        q_index[:num] = torch.tensor(rows, dtype=torch.int64)
+        # Page ids of every decode at once; entries past a sequence's last page
+        # (stale ids of earlier requests, or the table's end) become the null
+        # block, as do padding sequences.
+        width = min(kv_bucket, block_table.shape[1])
+        table = block_table[torch.tensor(reqs, dtype=torch.int64), :width].to(torch.int64)
+        used = torch.arange(width).unsqueeze(0) < (lens.unsqueeze(1) + self.block_size - 1) // (
+            self.block_size
+        )
+        block_ids = torch.full((s_bucket, kv_bucket), NULL_BLOCK, dtype=torch.int64)
+        block_ids[:num, :width] = torch.where(used, table, NULL_BLOCK)
+        return DecodeBatch(
+            rows=rows,
+            seq_lens=seq_lens,
+            num_seqs_bucket=s_bucket,
+            kv_block_bucket=kv_bucket,
+            q_index=placement.to_device(q_index),
+            out_index=placement.to_device(q_index[:num].clone()),
+            block_ids=placement.to_device(block_ids),
+        )
 
     def build(
         self,
@@ -213,53 +381,53 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
         cm = common_attn_metadata
         if isinstance(cm.causal, torch.Tensor) or not cm.causal:
             raise NotImplementedError(
-                "the Spyre token-major backend implements causal decoder attention only"
+                "the Spyre decoder backends implement causal attention only "
+                "(bidirectional decoder attention is not supported)"
             )
         query_start = cm.query_start_loc_cpu.tolist()
         seq_lens = placement.to_host(cm.seq_lens).tolist()
         block_table = placement.to_host(cm.block_table_tensor)
 
         seqs: list[SequencePlan] = []
+        decode_rows: list[int] = []
+        decode_lens: list[int] = []
+        decode_reqs: list[int] = []
         for i in range(cm.num_reqs):
             q_start, q_end = query_start[i], query_start[i + 1]
             q_len = q_end - q_start
             if q_len <= 0:  # a padding request
                 continue
             seq_len = int(seq_lens[i])
-            num_blocks = cdiv(seq_len, self.block_size)
-            q_bucket = self.bucketer.query_bucket(q_len)
-            kv_bucket = self.bucketer.kv_bucket(num_blocks)
+            if q_len == 1 and self.batched_decode:
+                decode_rows.append(q_start)
+                decode_lens.append(seq_len)
+                decode_reqs.append(i)
+            else:
+                seqs.append(self._sequence_plan(q_start, q_len, seq_len, block_table[i]))
 
-            # Padding rows repeat the first real row: a valid gather index whose
-            # output is masked and never written back.
-            q_index = torch.full((q_bucket,), q_start, dtype=torch.int64)
-            q_index[:q_len] = torch.arange(q_start, q_end, dtype=torch.int64)
-            block_ids = torch.full((kv_bucket, 1), NULL_BLOCK, dtype=torch.int64)
-            block_ids[:num_blocks, 0] = block_table[i, :num_blocks].to(torch.int64)
-
-            seqs.append(
-                SequencePlan(
-                    query_start=q_start,
-                    query_len=q_len,
-                    context_len=seq_len - q_len,
-                    seq_len=seq_len,
-                    query_bucket=q_bucket,
-                    kv_block_bucket=kv_bucket,
-                    q_index=placement.to_device(q_index),
-                    block_ids=placement.to_device(block_ids),
-                )
-            )
-
+        decode = (
+            self._decode_batch(decode_rows, decode_lens, block_table, decode_reqs)
+            if decode_rows
+            else None
+        )
         metadata = SpyreAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             num_reqs=cm.num_reqs,
             block_size=self.block_size,
             seqs=seqs,
+            decode=decode,
             slot_mapping=cm.slot_mapping,
             stats_dtype=self.stats_dtype,
         )
-        for window in self._group_windows():
+        impls = self._group_impls()
+        for window in {impl.sliding_window for impl in impls}:
             metadata.tile_masks(window)
+            if decode is not None:
+                metadata.decode_mask(window)
+        if any(impl.alibi_slopes is not None for impl in impls):
+            metadata.alibi_biases()
+            if decode is not None:
+                metadata.decode_alibi_bias()
         return metadata
 
 
@@ -276,37 +444,57 @@ class _SlotIndexCache:
     """
 
     def __init__(self) -> None:
-        self._key: tuple[Any, int, int] | None = None
+        self._key: tuple[Any, ...] | None = None
         self._index: torch.Tensor | None = None
 
-    def get(self, slot_mapping: torch.Tensor, num_tokens: int) -> torch.Tensor:
-        cacheable = not slot_mapping.is_inference()
-        key = (slot_mapping, slot_mapping._version if cacheable else -1, num_tokens)
+    def get(
+        self, slot_mapping: torch.Tensor, num_tokens: int, extra: tuple[Any, ...] = ()
+    ) -> torch.Tensor | None:
+        """The cached index for this (slot mapping, token count, extra) or None."""
+        if slot_mapping.is_inference():
+            return None
+        key = (slot_mapping._version, num_tokens, *extra)
         if (
-            cacheable
-            and self._key is not None
+            self._key is not None
             and self._key[0] is slot_mapping
-            and self._key[1:] == key[1:]
+            and self._key[1:] == key
             and self._index is not None
         ):
             return self._index
-        host = placement.to_host(slot_mapping).to(torch.int64)[:num_tokens]
-        # vLLM marks padding tokens with slot -1; send them to the null block.
-        index = host.clamp_min(NULL_SLOT)
-        if index.shape[0] < num_tokens:
-            index = torch.cat(
-                (index, torch.full((num_tokens - index.shape[0],), NULL_SLOT, dtype=torch.int64))
-            )
-        self._index = placement.to_device(index)
-        self._key = key
-        return self._index
+        return None
+
+    def put(
+        self,
+        slot_mapping: torch.Tensor,
+        num_tokens: int,
+        index: torch.Tensor,
+        extra: tuple[Any, ...] = (),
+    ) -> torch.Tensor:
+        if not slot_mapping.is_inference():
+            self._key = (slot_mapping, slot_mapping._version, num_tokens, *extra)
+            self._index = index
+        return index
+
+
+def host_slots(slot_mapping: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """``[num_tokens]`` int64 host slots; vLLM's padding (-1) and missing rows -> null slot."""
+    host = placement.to_host(slot_mapping).to(torch.int64)[:num_tokens]
+    index = host.clamp_min(NULL_SLOT)
+    if index.shape[0] < num_tokens:
+        index = torch.cat(
+            (index, torch.full((num_tokens - index.shape[0],), NULL_SLOT, dtype=torch.int64))
+        )
+    return index
 
 
 _slot_index_cache = _SlotIndexCache()
 
 
 class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
-    """Per-layer attention: KV store and per-sequence page attention."""
+    """Per-layer attention: KV store and page attention on the token-major cache."""
+
+    #: Name in error messages.
+    layout_name: ClassVar[str] = "token-major"
 
     def __init__(
         self,
@@ -324,13 +512,12 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
     ) -> None:
         if attn_type != AttentionType.DECODER:
             raise NotImplementedError(
-                f"the Spyre token-major backend implements decoder attention, not {attn_type}"
+                f"the Spyre {self.layout_name} backend implements decoder attention, not "
+                f"{attn_type} (encoder layers use the encoder backend)"
             )
-        if alibi_slopes is not None:
-            raise NotImplementedError("ALiBi is not supported by the Spyre attention backend")
         if sinks is not None:
             raise NotImplementedError(
-                "attention sinks are not supported by the Spyre attention backend"
+                "attention sinks are not supported by the Spyre attention backends"
             )
         if kv_cache_dtype not in ("auto", "float16", "bfloat16"):
             raise NotImplementedError(
@@ -342,14 +529,61 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             raise ValueError(f"num_heads={num_heads} is not a multiple of {num_kv_heads=}")
         self.num_heads = num_heads
         self.head_size = head_size
-        self.scale = float(scale)
+        # Models derive the scale from the (possibly stick-padded) head_dim;
+        # zero padding leaves q.k unchanged, so the original head's scale holds.
+        self.scale = stick_pad.attention_scale(head_size, float(scale))
         self.num_kv_heads = num_kv_heads
         self.num_queries_per_kv = num_heads // num_kv_heads
         self.sliding_window = sliding_window
         self.kv_cache_dtype = kv_cache_dtype
-        self.logits_soft_cap = logits_soft_cap if logits_soft_cap else None
+        self.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else None
         self.attn_type = attn_type
         self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+        self.alibi_slopes: torch.Tensor | None = None
+        if alibi_slopes is not None:
+            self._init_alibi(alibi_slopes)
+
+        vllm_config = get_current_vllm_config()
+        self._configure(vllm_config)
+        if self.num_queries_per_kv == 1 and placement.is_spyre():
+            # Spec, key constraints: MHA currently fails in the Spyre compiler's
+            # layout-propagation pass. A compiler bug, not a property of the
+            # kernels: the cpu target runs MHA.
+            logger.warning(
+                "Multi-head attention (num_heads == num_kv_heads == %d) is known to fail in "
+                "the Spyre compiler's layout propagation; GQA/MQA models are the tested path.",
+                num_heads,
+            )
+
+    def _init_alibi(self, alibi_slopes: list[float]) -> None:
+        slopes = torch.as_tensor(alibi_slopes, dtype=torch.float32).reshape(-1)
+        if slopes.numel() != self.num_heads:
+            raise ValueError(f"expected {self.num_heads} ALiBi slopes, got {slopes.numel()}")
+        # Kept in the statistics dtype of the cpu target (float32); the card
+        # has float16 only. Moved to the device once, at construction.
+        self.alibi_slopes = slopes
+
+    def _configure(self, vllm_config: VllmConfig) -> None:
+        """Compile policy of this layer (from the config current at model construction)."""
+        compiled = policy.model_compiles(vllm_config)
+        self.compile_kernels = compiled
+        self.compile_store = compiled
+
+    def _alibi_on_device(self, stats: torch.dtype) -> torch.Tensor | None:
+        if self.alibi_slopes is None:
+            return None
+        if self.alibi_slopes.dtype != stats or self.alibi_slopes.device != placement.device():
+            self.alibi_slopes = placement.to_device(self.alibi_slopes, dtype=stats)
+        return self.alibi_slopes
+
+    # ---- KV write -----------------------------------------------------------
+
+    def _check_content(self, kv_cache: torch.Tensor) -> None:
+        if kv_cache.shape[-1] != 2 * self.head_size:
+            raise ValueError(
+                f"expected K|V content of {2 * self.head_size} elements per slot, the cache "
+                f"has {kv_cache.shape[-1]} (head_size_v != head_size is not supported)"
+            )
 
     def do_kv_cache_update(
         self,
@@ -362,13 +596,20 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         """Write the step's new K/V (``[num_tokens, kv_heads, head]``) at their slots."""
         if kv_cache.numel() == 0:  # placeholder cache before allocation
             return
-        if kv_cache.shape[-1] != 2 * self.head_size:
-            raise ValueError(
-                f"expected K|V content of {2 * self.head_size} elements per slot, the cache "
-                f"has {kv_cache.shape[-1]} (head_size_v != head_size is not supported)"
+        self._check_content(kv_cache)
+        num_tokens = key.shape[0]
+        index = _slot_index_cache.get(slot_mapping, num_tokens)
+        if index is None:
+            index = _slot_index_cache.put(
+                slot_mapping,
+                num_tokens,
+                placement.to_device(host_slots(slot_mapping, num_tokens)),
             )
-        index = _slot_index_cache.get(slot_mapping, key.shape[0])
-        store_kv(slot_major_view(kv_cache), index, key, value)
+        slots = ops.slot_major_view(kv_cache)
+        src = ops.kv_source(key, value, slots.dtype)
+        ops.STORE_KV(self.compile_store, slots, index, src)
+
+    # ---- attention ------------------------------------------------------------
 
     def forward(
         self,
@@ -392,25 +633,70 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         if attn_metadata is None:  # profiling / dummy run without metadata
             return output.zero_()
 
-        pages = token_major_pages(kv_cache)
-        masks = attn_metadata.tile_masks(self.sliding_window)
-        for seq, mask in zip(attn_metadata.seqs, masks, strict=True):
-            result = page_attention(
-                query,
-                seq.q_index,
-                pages,
-                seq.block_ids,
-                mask,
-                self.scale,
-                self.logits_soft_cap,
-            )
-            output[seq.query_start : seq.query_start + seq.query_len].copy_(result[: seq.query_len])
+        self._attend_sequences(query, kv_cache, attn_metadata, output)
+        if attn_metadata.decode is not None:
+            self._attend_decodes(query, kv_cache, attn_metadata, output)
         # Padding rows of the step are zeroed, not left uninitialised: they flow
         # through the next layers into K/V written to the null block, and a NaN
         # there would survive an additive mask.
         if attn_metadata.num_actual_tokens < output.shape[0]:
             output[attn_metadata.num_actual_tokens :].zero_()
         return output
+
+    def _attend_sequences(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: SpyreAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        if not md.seqs:
+            return
+        pages = ops.token_major_pages(kv_cache)
+        masks = md.tile_masks(self.sliding_window)
+        slopes = self._alibi_on_device(md.stats_dtype)
+        biases = md.alibi_biases() if slopes is not None else [None] * len(md.seqs)
+        tile = policy.pages_per_tile(md.block_size)
+        for seq, mask, bias in zip(md.seqs, masks, biases, strict=True):
+            q = query.index_select(0, seq.q_index)
+            result = ops.PAGE_ATTENTION(
+                self.compile_kernels,
+                q,
+                pages,
+                seq.block_ids,
+                mask,
+                self.scale,
+                self.logits_soft_cap,
+                tile,
+                slopes,
+                bias,
+            )
+            output[seq.query_start : seq.query_start + seq.query_len].copy_(result[: seq.query_len])
+
+    def _attend_decodes(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: SpyreAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        batch = md.decode
+        assert batch is not None
+        slopes = self._alibi_on_device(md.stats_dtype)
+        q = query.index_select(0, batch.q_index)
+        result = ops.BATCHED_DECODE(
+            self.compile_kernels,
+            q,
+            ops.token_major_pages(kv_cache),
+            batch.block_ids,
+            md.decode_mask(self.sliding_window),
+            self.scale,
+            self.logits_soft_cap,
+            policy.pages_per_tile(md.block_size, batch.num_seqs_bucket),
+            slopes,
+            md.decode_alibi_bias() if slopes is not None else None,
+        )
+        output.index_copy_(0, batch.out_index, result[: batch.num_seqs])
 
 
 class SpyreAttentionBackend(AttentionBackend):
@@ -472,6 +758,21 @@ class SpyreAttentionBackend(AttentionBackend):
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 
+    @classmethod
+    def validate_config(cls, vllm_config: VllmConfig) -> None:
+        """Start-up checks of the plugin settings against this backend (none here)."""
+        return None
+
+    @classmethod
+    def warm_up(cls, runner: Any) -> None:
+        """Record every kernel variant serving can reach (the runner's warm-up calls this).
+
+        See :func:`spyre_inference.attention.warmup.record_backend`.
+        """
+        from spyre_inference.attention.warmup import record_backend
+
+        record_backend(cls, runner)
+
     @staticmethod
     def allocate_pages(
         kv_cache_spec: AttentionSpec, num_blocks: int, device: torch.device | str
@@ -481,7 +782,7 @@ class SpyreAttentionBackend(AttentionBackend):
         For a runner that allocates per layer on the device rather than through
         vLLM's flat int8 buffer.
         """
-        return allocate_pages(
+        return ops.allocate_pages(
             num_blocks,
             kv_cache_spec.block_size,
             kv_cache_spec.num_kv_heads,

@@ -1,4 +1,4 @@
-"""The token-major paged KV cache: how a layer's cache tensor is viewed.
+"""The paged KV cache: how a layer's cache tensor is viewed, in both layouts.
 
 vLLM 0.33 hands every attention layer its cache as a *logical* 4-D view
 ``[num_blocks, num_kv_heads, block_size, head_size + head_size_v]`` (K in the
@@ -19,6 +19,13 @@ token-major backend asks for ``LBNHC``: each layer owns one dense region
 Both are views (no copy), which holds only because the layout is
 layer-compact and token-major; any other layout is rejected loudly rather
 than silently writing into a temporary.
+
+The head-major backend asks for ``LBHNC`` instead: physically
+``[block, kv_head, token, K|V]``, which is the logical view itself. Folding
+(block, kv_head) gives ``[num_blocks * num_kv_heads, block_size, 2 * head]``,
+whose dim 0 is where a page of one KV head is indexed (the spec's folded axis
+at device dim 0), and folding the token axis too gives the row view the
+per-head KV store scatters through.
 """
 
 from __future__ import annotations
@@ -75,3 +82,52 @@ def allocate_pages(
         (num_blocks, block_size, num_kv_heads, 2 * head_size), dtype=dtype, device=device
     )
     return dense.transpose(1, 2)
+
+
+def _layout_error(kv_cache: torch.Tensor, layout: str, backend: str) -> ValueError:
+    return ValueError(
+        f"the KV cache is not stored in the {layout} layout (strides "
+        f"{tuple(kv_cache.stride())} for logical shape {tuple(kv_cache.shape)}); the "
+        f"{backend} Spyre backend needs VLLM_KV_CACHE_LAYOUT={layout} (or leave it unset)"
+    )
+
+
+def head_major_pages(kv_cache: torch.Tensor) -> torch.Tensor:
+    """``[num_blocks * num_kv_heads, block_size, 2 * head_size]`` view of an LBHNC cache."""
+    if kv_cache.dim() != 4:
+        raise ValueError(
+            "expected vLLM's logical 4-D layer cache [blocks, kv_heads, block_size, K|V], "
+            f"got shape {tuple(kv_cache.shape)}"
+        )
+    num_blocks, num_kv_heads, block_size, content = kv_cache.shape
+    try:
+        return kv_cache.view(num_blocks * num_kv_heads, block_size, content)
+    except RuntimeError as exc:
+        raise _layout_error(kv_cache, "LBHNC", "head-major") from exc
+
+
+def head_major_rows(kv_cache: torch.Tensor) -> torch.Tensor:
+    """``[num_blocks * num_kv_heads * block_size, 2 * head_size]`` view for the per-head store."""
+    pages = head_major_pages(kv_cache)
+    try:
+        return pages.view(-1, pages.shape[-1])
+    except RuntimeError as exc:
+        raise _layout_error(kv_cache, "LBHNC", "head-major") from exc
+
+
+def allocate_head_major_pages(
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_size: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> torch.Tensor:
+    """A zeroed layer cache with the strides vLLM's ``LBHNC`` allocation produces.
+
+    The logical ``[num_blocks, num_kv_heads, block_size, 2 * head_size]`` view
+    is the dense tensor itself: a page of one KV head is one contiguous run.
+    """
+    return torch.zeros(
+        (num_blocks, num_kv_heads, block_size, 2 * head_size), dtype=dtype, device=device
+    )

@@ -1,114 +1,282 @@
-"""Per-sequence paged attention with an online (FlashAttention-style) softmax.
+"""Paged attention kernels with an online (FlashAttention-style) softmax.
 
-One call handles one sequence of one step, already padded onto its buckets:
-``q_index`` holds ``query_bucket`` rows and ``block_ids`` holds
-``kv_block_bucket`` pages, so every shape inside is fixed by the bucket pair.
-That is what lets a later stage wrap this function in
-``torch.compile(dynamic=False)`` once per (query bucket, KV bucket); the
-Python loop over pages then unrolls into the graph.
+Three kernels share one softmax loop (:func:`online_softmax`):
+
+* :func:`page_attention`: one sequence of a step over its token-major pages
+  (prefills, and decodes when the batched-decode kernel is off);
+* :func:`batched_decode_attention`: every single-row (decode) sequence of a
+  step in one call, the sequences padded onto a num-seqs bucket;
+* :func:`head_major_page_attention`: one sequence over head-major pages.
+
+Every call is already padded onto its buckets (query rows, pages, sequences),
+so every shape inside is fixed by the bucket: that is what lets
+:class:`~spyre_inference.attention.ops.compiled.KernelFamily` compile each
+kernel once per bucket with ``dynamic=False``. The Python loops over page
+tiles unroll into the graph.
 
 Why this shape of algorithm (spec, "Attention Backend"):
 
-* pages are visited one at a time, each read by indexing the dense cache with
-  a one-element index tensor (an indirect access, so a compiled graph carries
-  a real index rather than a constant slice); there is no compact gather of
-  the whole context;
-* the token-major page ``[block_size, kv_heads, K|V]`` is permuted to
-  head-major ``[kv_heads, block_size, head]`` on the device before the
-  matmuls;
-* masking is one additive tile per page, built on the host (the card cannot
-  build bool masks or broadcast a ``where``);
+* pages are visited a tile at a time and each tile is read by indexing the
+  dense cache with an index tensor (an indirect access, so a compiled graph
+  carries a real index rather than a constant slice). ``pages_per_tile=1`` is
+  the spec's one-page-at-a-time walk, used on the card; the cpu target reads
+  several pages per tile (the host has the cache memory to spare, and fewer,
+  larger matmuls are both faster and quicker to compile);
+* token-major pages ``[block_size, kv_heads, K|V]`` are permuted to
+  head-major ``[kv_heads, tokens, head]`` on the device before the matmuls;
+  head-major pages arrive in that shape already;
+* masking is an additive tile built on the host (the card cannot build bool
+  masks or broadcast a ``where``); ALiBi is a per-head slope times a host-built
+  tile of key-minus-query positions;
 * the query groups of GQA/MQA fold into the row axis (heads are KV-major, so
   it is a reshape), keeping every matmul a single-batch-dim bmm.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 import torch
+
+#: (K tile, V tile, function adding the mask/bias of this tile to its scores)
+Tile = tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
 
 
 def mask_value(dtype: torch.dtype) -> float:
     """The additive "masked" value for softmax statistics in ``dtype``.
 
-    Finite rather than ``-inf``: a page whose entries are all masked for a row
-    (padding pages, pages before a sliding window) must not turn the running
-    maximum into ``-inf`` and the rescale into ``exp(-inf + inf) = NaN``. Half
-    of the most negative value leaves headroom so ``score + mask`` cannot
-    overflow to ``-inf`` for any realistic score, while ``exp(mask - m)`` still
-    underflows to exactly 0 once a real score has been seen.
+    Finite rather than ``-inf``: a tile whose entries are all masked for a row
+    (padding pages, pages before a sliding window, padding sequences) must not
+    turn the running maximum into ``-inf`` and the rescale into
+    ``exp(-inf + inf) = NaN``. Half of the most negative value leaves headroom
+    so ``score + mask`` cannot overflow to ``-inf`` for any realistic score,
+    while ``exp(mask - m)`` still underflows to exactly 0 once a real score has
+    been seen.
     """
     return torch.finfo(dtype).min / 2
 
 
+def online_softmax(
+    q: torch.Tensor,
+    tiles: Iterable[Tile],
+    scale: float,
+    logits_soft_cap: float | None,
+    stats: torch.dtype,
+) -> torch.Tensor:
+    """``softmax(q k^T * scale + bias) v`` over KV tiles, one tile at a time.
+
+    ``q`` is ``[batch, rows, head]``; each tile's K and V are
+    ``[batch, tile_tokens, head]``. Scores, running maximum and sum and the
+    accumulator are kept in ``stats``; the two matmuls run in the cache dtype.
+    Returns ``[batch, rows, head]`` in ``stats``.
+    """
+    m = denom = acc = None
+    for k, v, add_bias in tiles:
+        s = torch.matmul(q, k.transpose(-1, -2)).to(stats) * scale
+        if logits_soft_cap is not None:
+            s = torch.tanh(s / logits_soft_cap) * logits_soft_cap
+        s = add_bias(s)
+        s_max = s.amax(dim=-1, keepdim=True)
+        if m is None:
+            m = s_max
+            p = torch.exp(s - m)
+            denom = p.sum(dim=-1, keepdim=True)
+            acc = torch.matmul(p.to(v.dtype), v).to(stats)
+        else:
+            m_new = torch.maximum(m, s_max)
+            alpha = torch.exp(m - m_new)
+            p = torch.exp(s - m_new)
+            denom = denom * alpha + p.sum(dim=-1, keepdim=True)
+            acc = acc * alpha + torch.matmul(p.to(v.dtype), v).to(stats)
+            m = m_new
+    assert acc is not None and denom is not None, "attention over zero pages"
+    return acc / denom
+
+
+def _fold_groups(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[Q, H, D]`` -> ``[KVH, G * Q, D]``: head ``h = kvh * G + g`` reads KV head ``kvh``."""
+    q_len, num_heads, head_size = q.shape
+    groups = num_heads // num_kv_heads
+    q = q.reshape(q_len, num_kv_heads, groups, head_size).permute(1, 2, 0, 3)
+    return q.reshape(num_kv_heads, groups * q_len, head_size)
+
+
+def _unfold_groups(out: torch.Tensor, q_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Inverse of :func:`_fold_groups`: ``[KVH, G * Q, D]`` -> ``[Q, H, D]``."""
+    num_kv_heads, rows, head_size = out.shape
+    groups = rows // q_len
+    out = out.view(num_kv_heads, groups, q_len, head_size).permute(2, 0, 1, 3)
+    return out.reshape(q_len, num_kv_heads * groups, head_size).to(dtype)
+
+
+def _tile_bounds(num_pages: int, pages_per_tile: int) -> list[tuple[int, int]]:
+    step = max(1, pages_per_tile)
+    return [(start, min(start + step, num_pages)) for start in range(0, num_pages, step)]
+
+
 def page_attention(
-    query: torch.Tensor,
-    q_index: torch.Tensor,
+    q: torch.Tensor,
     pages: torch.Tensor,
     block_ids: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
-    logits_soft_cap: float | None = None,
+    logits_soft_cap: float | None,
+    pages_per_tile: int,
+    alibi_slopes: torch.Tensor | None = None,
+    alibi_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of one sequence's query rows over its pages.
+    """Attention of one sequence's query rows over its token-major pages.
 
     Args:
-        query: ``[num_tokens, num_heads, head_size]``, every token of the step.
-        q_index: ``[query_bucket]`` int64 rows of ``query`` that belong to this
-            sequence, padded by repeating a real row (padding rows are fully
-            masked and their output discarded). The gather runs on the device.
+        q: ``[query_bucket, num_heads, head_size]``, the sequence's rows
+            (gathered from the step's query by the caller, padded by repeating
+            a real row; padding rows are fully masked and discarded).
         pages: ``[num_blocks, block_size, num_kv_heads, 2 * head_size]``
             token-major cache view, K then V in the last axis.
-        block_ids: ``[kv_block_bucket, 1]`` int64 page ids, padded with the
-            null block (masked).
+        block_ids: ``[kv_block_bucket]`` int64 page ids, padded with the null
+            block (masked).
         mask: ``[query_bucket, kv_block_bucket * block_size]`` additive mask
             (0 or :func:`mask_value`) in the dtype of the softmax statistics:
-            causal, padding and sliding window in one tile per page.
+            causal, padding and sliding window.
         scale: softmax scale applied to ``q @ k^T``.
         logits_soft_cap: if set, scores become ``cap * tanh(scores / cap)``
             before masking.
+        pages_per_tile: pages read per step of the online softmax.
+        alibi_slopes: ``[num_heads]`` ALiBi slopes (stats dtype), or None.
+        alibi_bias: ``[query_bucket, kv_block_bucket * block_size]`` key minus
+            query position (stats dtype), with ``alibi_slopes``.
 
     Returns:
-        ``[query_bucket, num_heads, head_size]`` in ``query.dtype``.
-
+        ``[query_bucket, num_heads, head_size]`` in ``q.dtype``.
     """
-    num_heads, head_size = query.shape[1], query.shape[2]
-    num_kv_heads = pages.shape[2]
+    q_len, num_heads, head_size = q.shape
+    block_size, num_kv_heads = pages.shape[1], pages.shape[2]
     groups = num_heads // num_kv_heads
-    q_len = q_index.shape[0]
-    block_size = pages.shape[1]
-    stats = mask.dtype
-
-    # [Q, H, D] -> [KVH, G * Q, D]: head h = kvh * G + g reads KV head kvh.
-    q = query.index_select(0, q_index)
-    q = q.reshape(q_len, num_kv_heads, groups, head_size).permute(1, 2, 0, 3)
-    q = q.reshape(num_kv_heads, groups * q_len, head_size)
-
     rows = groups * q_len
-    m = torch.full((num_kv_heads, rows, 1), mask_value(stats), dtype=stats, device=query.device)
-    denom = torch.zeros((num_kv_heads, rows, 1), dtype=stats, device=query.device)
-    acc = torch.zeros((num_kv_heads, rows, head_size), dtype=stats, device=query.device)
 
-    for j in range(block_ids.shape[0]):
-        page = pages[block_ids[j]][0]  # [block_size, KVH, 2D], one indirect page read
-        page = page.permute(1, 0, 2)  # token-major -> head-major [KVH, block_size, 2D]
-        k = page[..., :head_size]
-        v = page[..., head_size:]
+    def tiles() -> Iterable[Tile]:
+        for start, stop in _tile_bounds(block_ids.shape[0], pages_per_tile):
+            tokens = (stop - start) * block_size
+            # One indirect read of the tile's pages, then token-major ->
+            # head-major [KVH, tokens, K|V] on the device.
+            kv = pages.index_select(0, block_ids[start:stop])
+            kv = kv.reshape(tokens, num_kv_heads, 2 * head_size).permute(1, 0, 2)
+            cols = slice(start * block_size, stop * block_size)
 
-        s = torch.bmm(q, k.transpose(1, 2)).to(stats) * scale  # [KVH, G*Q, block_size]
-        if logits_soft_cap is not None:
-            s = torch.tanh(s / logits_soft_cap) * logits_soft_cap
-        tile = mask[:, j * block_size : (j + 1) * block_size]  # [Q, block_size]
-        s = (s.view(num_kv_heads, groups, q_len, block_size) + tile).view(
-            num_kv_heads, rows, block_size
-        )
+            def add_bias(s: torch.Tensor, cols: slice = cols, tokens: int = tokens) -> torch.Tensor:
+                s = s.view(num_kv_heads, groups, q_len, tokens) + mask[:, cols]
+                if alibi_slopes is not None and alibi_bias is not None:
+                    slopes = alibi_slopes.view(num_kv_heads, groups, 1, 1)
+                    s = s + slopes * alibi_bias[:, cols]
+                return s.view(num_kv_heads, rows, tokens)
 
-        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
-        p = torch.exp(s - m_new)
-        alpha = torch.exp(m - m_new)
-        denom = denom * alpha + p.sum(dim=-1, keepdim=True)
-        acc = acc * alpha + torch.bmm(p.to(v.dtype), v).to(stats)
-        m = m_new
+            yield kv[..., :head_size], kv[..., head_size:], add_bias
 
-    out = acc / denom  # [KVH, G*Q, D]
-    out = out.view(num_kv_heads, groups, q_len, head_size).permute(2, 0, 1, 3)
-    return out.reshape(q_len, num_heads, head_size).to(query.dtype)
+    out = online_softmax(_fold_groups(q, num_kv_heads), tiles(), scale, logits_soft_cap, mask.dtype)
+    return _unfold_groups(out, q_len, q.dtype)
+
+
+def batched_decode_attention(
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    block_ids: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    logits_soft_cap: float | None,
+    pages_per_tile: int,
+    alibi_slopes: torch.Tensor | None = None,
+    alibi_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One query row per sequence, many sequences in one call (token-major pages).
+
+    Args:
+        q: ``[num_seqs_bucket, num_heads, head_size]``, one row per sequence;
+            padding sequences repeat a real row and are fully masked.
+        pages: ``[num_blocks, block_size, num_kv_heads, 2 * head_size]``.
+        block_ids: ``[num_seqs_bucket, kv_block_bucket]`` int64 page ids per
+            sequence, padded with the null block.
+        mask: ``[num_seqs_bucket, kv_block_bucket * block_size]`` additive
+            mask per sequence (padding keys, sliding window).
+        alibi_slopes, alibi_bias: as for :func:`page_attention`, the bias
+            ``[num_seqs_bucket, kv_block_bucket * block_size]``.
+
+    Whole pages are gathered from the token-major cache for every sequence of a
+    tile; the query groups stay a row axis of ``G`` rows per (sequence, KV
+    head), so each matmul has one batch dim of ``num_seqs * num_kv_heads``.
+
+    Returns:
+        ``[num_seqs_bucket, num_heads, head_size]`` in ``q.dtype``.
+    """
+    num_seqs, num_heads, head_size = q.shape
+    block_size, num_kv_heads = pages.shape[1], pages.shape[2]
+    groups = num_heads // num_kv_heads
+    qf = q.reshape(num_seqs * num_kv_heads, groups, head_size)
+
+    def tiles() -> Iterable[Tile]:
+        for start, stop in _tile_bounds(block_ids.shape[1], pages_per_tile):
+            tokens = (stop - start) * block_size
+            kv = pages.index_select(0, block_ids[:, start:stop].reshape(-1))
+            kv = kv.view(num_seqs, tokens, num_kv_heads, 2 * head_size).permute(0, 2, 1, 3)
+            kv = kv.reshape(num_seqs * num_kv_heads, tokens, 2 * head_size)
+            cols = slice(start * block_size, stop * block_size)
+
+            def add_bias(s: torch.Tensor, cols: slice = cols, tokens: int = tokens) -> torch.Tensor:
+                s = s.view(num_seqs, num_kv_heads, groups, tokens)
+                s = s + mask[:, cols].view(num_seqs, 1, 1, tokens)
+                if alibi_slopes is not None and alibi_bias is not None:
+                    slopes = alibi_slopes.view(1, num_kv_heads, groups, 1)
+                    s = s + slopes * alibi_bias[:, cols].view(num_seqs, 1, 1, tokens)
+                return s.view(num_seqs * num_kv_heads, groups, tokens)
+
+            yield kv[..., :head_size], kv[..., head_size:], add_bias
+
+    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype)
+    return out.view(num_seqs, num_heads, head_size).to(q.dtype)
+
+
+def head_major_page_attention(
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    page_index: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    logits_soft_cap: float | None,
+    pages_per_tile: int,
+) -> torch.Tensor:
+    """Attention of one sequence over head-major pages (spec, "LX-resident pages").
+
+    Args:
+        q: ``[query_bucket, num_heads, head_size]``.
+        pages: ``[num_blocks * num_kv_heads, block_size, 2 * head_size]``, the
+            head-major cache with (block, KV head) folded into dim 0 (a view).
+        page_index: ``[num_kv_heads, kv_block_bucket]`` int64 rows of
+            ``pages``: ``block * num_kv_heads + kv_head``, padded with the null
+            block's rows.
+        mask: ``[query_bucket, kv_block_bucket * block_size]`` additive mask.
+
+    A tile is gathered with a 2-D subscript on (KV head, page): the result is
+    ``[KVH, pages, block_size, K|V]``, already head-major, so it reshapes to
+    the matmul operand without the permute the token-major kernel needs. The
+    query groups fold into the row axis so every matmul has one batch dim.
+    """
+    q_len, num_heads, head_size = q.shape
+    num_kv_heads = page_index.shape[0]
+    block_size = pages.shape[1]
+    groups = num_heads // num_kv_heads
+    rows = groups * q_len
+
+    def tiles() -> Iterable[Tile]:
+        for start, stop in _tile_bounds(page_index.shape[1], pages_per_tile):
+            tokens = (stop - start) * block_size
+            kv = pages[page_index[:, start:stop]]  # [KVH, n, block_size, 2D]
+            kv = kv.reshape(num_kv_heads, tokens, 2 * head_size)
+            cols = slice(start * block_size, stop * block_size)
+
+            def add_bias(s: torch.Tensor, cols: slice = cols, tokens: int = tokens) -> torch.Tensor:
+                s = s.view(num_kv_heads, groups, q_len, tokens) + mask[:, cols]
+                return s.view(num_kv_heads, rows, tokens)
+
+            yield kv[..., :head_size], kv[..., head_size:], add_bias
+
+    out = online_softmax(_fold_groups(q, num_kv_heads), tiles(), scale, logits_soft_cap, mask.dtype)
+    return _unfold_groups(out, q_len, q.dtype)

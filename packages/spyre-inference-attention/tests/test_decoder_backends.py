@@ -1,0 +1,185 @@
+"""Both decoder backends against plain PyTorch attention (dense SDPA, float64).
+
+Backends under test:
+
+* ``token_major``: token-major pages, decodes batched into the batched-decode
+  kernel (the default);
+* ``token_major_per_seq``: token-major pages, batched decode off
+  (``SPYRE_BATCHED_DECODE=0``): every sequence through the per-sequence kernel;
+* ``head_major``: head-major pages, per-head store, 2-D page gather.
+
+The matrix runs the kernels eagerly (``--enforce-eager`` config; for the
+head-major backend, whose kernels always compile, the layer's compile switch
+is turned off so the matrix does not pay one Inductor compile per shape);
+``test_compiled_*`` run the same cases through the compiled graphs.
+
+Tolerances (attn_testutil): float32 within 5e-6 abs / 1e-5 rel of the float64
+reference; bfloat16 within 3e-2 abs / rel.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from attn_testutil import (
+    BF16_TOL,
+    FP32_TOL,
+    Case,
+    check,
+    make_impl,
+    prepare,
+    reference,
+    reset_settings,
+    run_backend,
+)
+
+from spyre_inference.attention import ops
+from spyre_inference.attention.backends.head_major import SpyreHeadMajorAttentionBackend
+from spyre_inference.attention.backends.token_major import SpyreAttentionBackend
+from spyre_inference.attention.ops import compiled as compiled_ops
+
+BACKENDS = {
+    "token_major": (SpyreAttentionBackend, "1"),
+    "token_major_per_seq": (SpyreAttentionBackend, "0"),
+    "head_major": (SpyreHeadMajorAttentionBackend, None),
+}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request, monkeypatch):
+    cls, batched = BACKENDS[request.param]
+    reset_settings(monkeypatch, SPYRE_BATCHED_DECODE=batched)
+    yield cls
+    reset_settings(monkeypatch)
+
+
+def run_case(backend, vllm_config, case: Case) -> torch.Tensor:
+    if backend is SpyreHeadMajorAttentionBackend:
+        block_size = vllm_config.cache_config.block_size
+        step = prepare(backend, case, block_size)
+        impl = make_impl(backend, vllm_config, case)
+        assert impl.compile_kernels  # always compiled, even under --enforce-eager ...
+        impl.compile_kernels = False  # ... but the matrix checks the math eagerly
+        out = run_backend(backend, vllm_config, step, impl=impl)
+        n = step.num_actual_tokens
+        tol = FP32_TOL if case.dtype == torch.float32 else BF16_TOL
+        torch.testing.assert_close(out[:n].double(), reference(step), **tol)
+        assert torch.equal(out[n:], torch.zeros_like(out[n:]))
+        return out
+    return check(backend, vllm_config, case)
+
+
+WORKLOADS = {
+    "single_decode": ([200], [1]),
+    "single_prefill": ([50], [50]),
+    "many_decodes": ([10, 65, 130, 257, 64, 1], [1, 1, 1, 1, 1, 1]),
+    "small_prefills": ([5, 17, 33, 2], [5, 17, 33, 2]),
+    "mixed": ([300, 40, 129, 7, 65], [1, 40, 1, 7, 1]),
+    "prefix_cached": ([150, 200, 128 + 9], [22, 50, 9]),
+    "prefix_cached_block_aligned": ([192, 70], [64, 6]),
+    # 1500 tokens = 24 pages of 64 (bucket 32); the 60-row chunk crosses a page.
+    "long_context": ([1500, 1000, 1800], [1, 60, 1]),
+}
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_matches_dense_reference(backend, vllm_config, workload, dtype):
+    seq_lens, query_lens = WORKLOADS[workload]
+    run_case(backend, vllm_config, Case(seq_lens, query_lens, dtype=dtype))
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads"),
+    [(4, 4), (4, 2), (8, 2), (8, 1)],
+    ids=["mha_ratio1", "gqa_ratio2", "gqa_ratio4", "mqa"],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_head_grouping(backend, vllm_config, num_heads, num_kv_heads, dtype):
+    seq_lens, query_lens = WORKLOADS["mixed"]
+    case = Case(seq_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, dtype=dtype)
+    run_case(backend, vllm_config, case)
+
+
+@pytest.mark.parametrize("window", [1, 5, 64, 100])
+def test_sliding_window(backend, vllm_config, window):
+    # Long enough that whole pages fall before the window for the decodes,
+    # and prefills whose rows see a window inside their own chunk.
+    case = Case([300, 40, 200, 7, 150], [1, 40, 30, 7, 1], sliding_window=window)
+    run_case(backend, vllm_config, case)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_logits_soft_cap(backend, vllm_config, dtype):
+    # A query gain that pushes scores well past the cap, so capping matters.
+    case = Case([300, 40, 150, 90], [1, 40, 22, 1], soft_cap=5.0, query_gain=6.0, dtype=dtype)
+    run_case(backend, vllm_config, case)
+
+
+def test_soft_cap_and_window_together(backend, vllm_config):
+    case = Case([260, 50, 99], [3, 50, 1], sliding_window=33, soft_cap=4.0, query_gain=5.0)
+    run_case(backend, vllm_config, case)
+
+
+def test_head_size_64(backend, vllm_config):
+    """The spec's smallest real head size (one stick), GQA, mixed step."""
+    run_case(backend, vllm_config, Case([130, 20, 70], [1, 20, 1], head_size=64))
+
+
+# ---- ALiBi (token-major only) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("batched", ["1", "0"], ids=["batched_decode", "per_seq"])
+@pytest.mark.parametrize("workload", ["mixed", "long_context", "prefix_cached"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_alibi_token_major(vllm_config, monkeypatch, batched, workload, dtype):
+    reset_settings(monkeypatch, SPYRE_BATCHED_DECODE=batched)
+    seq_lens, query_lens = WORKLOADS[workload]
+    case = Case(seq_lens, query_lens, num_heads=8, num_kv_heads=2, alibi=True, dtype=dtype)
+    check(SpyreAttentionBackend, vllm_config, case)
+
+
+def test_alibi_with_window_and_mqa(vllm_config):
+    case = Case(
+        [300, 40, 200], [1, 40, 30], num_heads=4, num_kv_heads=1, alibi=True, sliding_window=50
+    )
+    check(SpyreAttentionBackend, vllm_config, case)
+
+
+# ---- the compiled graphs ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("workload", ["mixed", "long_context"])
+def test_compiled_matches_reference(backend, compiled_vllm_config, workload):
+    """Through the Inductor graphs (one per bucket), as served."""
+    seq_lens, query_lens = WORKLOADS[workload]
+    impl = make_impl(backend, compiled_vllm_config, Case(seq_lens, query_lens))
+    assert impl.compile_kernels and impl.compile_store
+    check(backend, compiled_vllm_config, Case(seq_lens, query_lens))
+    # Compiled, not silently eager: the graphs exist in the process-wide cache.
+    family = (
+        ops.HEAD_MAJOR_ATTENTION
+        if backend is SpyreHeadMajorAttentionBackend
+        else ops.PAGE_ATTENTION
+    )
+    assert len(family) > 0 and compiled_ops.stats.total > 0
+
+
+def test_compiled_gqa4_softcap_window_bf16(backend, compiled_vllm_config):
+    case = Case(
+        [300, 40, 200, 7],
+        [1, 40, 30, 1],
+        num_heads=8,
+        num_kv_heads=2,
+        sliding_window=70,
+        soft_cap=5.0,
+        query_gain=4.0,
+        dtype=torch.bfloat16,
+    )
+    check(backend, compiled_vllm_config, case)
+
+
+def test_compiled_alibi(compiled_vllm_config):
+    seq_lens, query_lens = WORKLOADS["mixed"]
+    case = Case(seq_lens, query_lens, num_heads=8, num_kv_heads=2, alibi=True)
+    check(SpyreAttentionBackend, compiled_vllm_config, case)
