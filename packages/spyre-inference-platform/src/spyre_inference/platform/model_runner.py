@@ -105,6 +105,16 @@ class TorchSpyreModelRunner(GPUModelRunner):
 
     def warm_up(self) -> None:
         """Run every num_tokens bucket once so no request pays a compile."""
+        # ---- attention kernels (spyre-inference-attention) -----------------
+        # Each attention backend class records its own kernel variants. Before
+        # the early return below on purpose: the head-major backend compiles
+        # attention even under --enforce-eager. Backends are reached through
+        # the attention groups, never imported by name.
+        attn_backends = {group.backend for groups in self.attn_groups for group in groups}
+        for backend in attn_backends:
+            if hasattr(backend, "warm_up"):
+                backend.warm_up(self)
+        # ---- end attention kernels -----------------------------------------
         if not self.compiled:
             return
         sizes = self.token_buckets.sizes
