@@ -16,7 +16,7 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from spyre_inference.platform import device as dev
-from spyre_inference.platform import discovery, settings
+from spyre_inference.platform import discovery, settings, stick_pad
 from spyre_inference.platform.logs import get_logger
 
 if TYPE_CHECKING:
@@ -39,6 +39,16 @@ WORKER_QUALNAME = "spyre_inference.platform.worker.TorchSpyreWorker"
 BASE_COMMUNICATOR = (
     "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
 )
+
+
+def _ops_installed() -> bool:
+    """Whether the ops package's general plugin will load (installed and not filtered)."""
+    from importlib.metadata import entry_points
+
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None and "spyre_ops" not in allowed.split(","):
+        return False
+    return any(ep.name == "spyre_ops" for ep in entry_points(group="vllm.general_plugins"))
 
 
 class ConfigError(ValueError):
@@ -245,6 +255,10 @@ class TorchSpyrePlatform(Platform):
                     "or set it to auto."
                 )
 
+        if _ops_installed():
+            # Head and MLP widths become whole sticks before the model is built;
+            # the ops package's weight loaders zero-pad the checkpoint to match.
+            stick_pad.widen_config(vllm_config)
         cls._set_block_size(vllm_config)
 
         # Scheduling: the runner is synchronous (no CUDA streams to overlap).
