@@ -37,11 +37,13 @@ logger = get_logger(__name__)
 
 #: Adaptation module (under ``spyre_inference.models``) -> upstream vLLM classes it adapts.
 _ADAPTED_MODULES: dict[str, tuple[str, ...]] = {
+    "gemma3": ("Gemma3ForCausalLM",),
     "transformers_backend": ("TransformersForCausalLM",),
 }
 
 #: vLLM architecture name -> the upstream class vLLM's own table maps it to.
 _ADAPTED_ARCHS: dict[str, str] = {
+    "Gemma3ForCausalLM": "Gemma3ForCausalLM",
     # model_impl="transformers" (and the automatic fallback) resolves text
     # generation models to this architecture name.
     "TransformersForCausalLM": "TransformersForCausalLM",
