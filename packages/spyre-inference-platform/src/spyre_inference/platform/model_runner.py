@@ -16,17 +16,19 @@ from typing import Any
 import torch
 from torch import nn
 from vllm.config import CompilationMode, VllmConfig
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.model_executor.model_loader import get_model
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from spyre_inference.platform import device as dev
-from spyre_inference.platform.block_compile import compile_model, raise_recompile_limit
+from spyre_inference.platform.block_compile import CompileReport, compile_model
 from spyre_inference.platform.buffers import SpyreCpuGpuBuffer, alias_host_buffers
 from spyre_inference.platform.host_env import cuda_stream_placeholders, neutralize_cuda_runtime
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.model_wrapper import _SpyreModelWrapper
 from spyre_inference.platform.token_buckets import TokenBuckets
+from spyre_inference.platform.warmup import WarmUpStats, warm_up_buckets, warm_up_logprobs
 
 logger = get_logger(__name__)
 
@@ -40,6 +42,8 @@ class TorchSpyreModelRunner(GPUModelRunner):
         self._spyre_device = dev.device()
         self.compiled = vllm_config.compilation_config.mode == CompilationMode.STOCK_TORCH_COMPILE
         self.token_buckets = TokenBuckets(self.max_num_tokens)
+        self.compile_report: CompileReport | None = None
+        self.warm_up_stats: WarmUpStats | None = None
         self._wrapper: _SpyreModelWrapper | None = None
         # Buffers built by vLLM's input batch and block tables hold sampling
         # parameters and index bookkeeping: host data on both targets.
@@ -70,8 +74,8 @@ class TorchSpyreModelRunner(GPUModelRunner):
         self._wrapper = _SpyreModelWrapper(model)
         self.model_memory_usage = sum(p.numel() * p.element_size() for p in model.parameters())
         if self.compiled:
-            raise_recompile_limit(len(self.token_buckets.sizes) + 8)
-            self.compile_granularity = compile_model(model)
+            self.compile_report = compile_model(model, num_shapes=len(self.token_buckets.sizes))
+            self.compile_granularity = self.compile_report.granularity
         logger.info("Model loaded in %.1f s", time.perf_counter() - start)
 
     def _model_forward(
@@ -104,34 +108,40 @@ class TorchSpyreModelRunner(GPUModelRunner):
         return mode, desc, ubatch, across_dp, stats
 
     def warm_up(self) -> None:
-        """Run every num_tokens bucket once so no request pays a compile."""
+        """Compile everything serving can reach, so no request pays a compile.
+
+        See :mod:`spyre_inference.platform.warmup`: attention kernel variants
+        (recorded by the attention package), every num_tokens bucket of the
+        compiled blocks, and vLLM's compiled logprobs helper.
+        """
         # ---- attention kernels (spyre-inference-attention) -----------------
-        # Each attention backend class records its own kernel variants. Before
-        # the early return below on purpose: the head-major backend compiles
-        # attention even under --enforce-eager. Backends are reached through
+        # Each attention backend class records its own kernel variants. Also
+        # in eager mode on purpose: the head-major backend compiles attention
+        # even under --enforce-eager. Backends are reached through
         # the attention groups, never imported by name.
         attn_backends = {group.backend for groups in self.attn_groups for group in groups}
         for backend in attn_backends:
             if hasattr(backend, "warm_up"):
                 backend.warm_up(self)
         # ---- end attention kernels -----------------------------------------
-        if not self.compiled:
-            return
-        sizes = self.token_buckets.sizes
-        start = time.perf_counter()
-        logger.info("Warm-up: compiling %d num_tokens buckets %s", len(sizes), list(sizes))
-        for i, size in enumerate(sorted(sizes, reverse=True), 1):
-            t0 = time.perf_counter()
-            self._dummy_run(size, skip_eplb=True, remove_lora=False)
-            logger.info(
-                "Warm-up %d/%d: num_tokens=%d in %.1f s (%.1f s total)",
-                i,
-                len(sizes),
-                size,
-                time.perf_counter() - t0,
-                time.perf_counter() - start,
+        # Block graphs (or the whole-model graph): one dummy step per
+        # num_tokens bucket, padded exactly as a served step is.
+        if self.compiled and self.compile_report is not None:
+            self.warm_up_stats = warm_up_buckets(
+                self.compile_report,
+                self.token_buckets.sizes,
+                lambda n: self._dummy_run(n, skip_eplb=True, remove_lora=False),
             )
-        logger.info("Warm-up done in %.1f s", time.perf_counter() - start)
+        # vLLM compiles its logprobs helper whatever the compilation mode; do
+        # it now rather than on the first request that asks for logprobs.
+        if not self.is_pooling_model and get_pp_group().is_last_rank:
+            seconds = warm_up_logprobs(
+                self.model.compute_logits,
+                self.model_config.get_hidden_size(),
+                self.model_config.dtype,
+                self.device,
+            )
+            logger.info("Warm-up: sampler logprobs helper ready in %.1f s", seconds)
 
     # ---- CUDA-only pieces ------------------------------------------------
 
