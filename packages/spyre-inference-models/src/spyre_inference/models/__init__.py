@@ -50,7 +50,7 @@ _ADAPTED_ARCHS: dict[str, str] = {
 }
 
 #: Layer swaps this package owns (imported, and so registered, by register_models).
-_LAYER_SWAP_MODULES: tuple[str, ...] = ()
+_LAYER_SWAP_MODULES = ("spyre_inference.models.moe",)
 
 SPYRE_PREFIX = "Spyre"
 
