@@ -37,12 +37,32 @@ logger = get_logger(__name__)
 
 #: Adaptation module (under ``spyre_inference.models``) -> upstream vLLM classes it adapts.
 _ADAPTED_MODULES: dict[str, tuple[str, ...]] = {
+    "bert": (
+        "BertEmbeddingModel",
+        "BertForSequenceClassification",
+        "BertForTokenClassification",
+    ),
+    "roberta": (
+        "RobertaEmbeddingModel",
+        "RobertaForSequenceClassification",
+        "RobertaForTokenClassification",
+    ),
     "gemma3": ("Gemma3ForCausalLM",),
     "transformers_backend": ("TransformersForCausalLM",),
 }
 
 #: vLLM architecture name -> the upstream class vLLM's own table maps it to.
 _ADAPTED_ARCHS: dict[str, str] = {
+    "BertModel": "BertEmbeddingModel",
+    "BertForSequenceClassification": "BertForSequenceClassification",
+    "BertForTokenClassification": "BertForTokenClassification",
+    "RobertaModel": "RobertaEmbeddingModel",
+    "RobertaForMaskedLM": "RobertaEmbeddingModel",
+    "XLMRobertaModel": "RobertaEmbeddingModel",
+    "RobertaForSequenceClassification": "RobertaForSequenceClassification",
+    "XLMRobertaForSequenceClassification": "RobertaForSequenceClassification",
+    "RobertaForTokenClassification": "RobertaForTokenClassification",
+    "XLMRobertaForTokenClassification": "RobertaForTokenClassification",
     "Gemma3ForCausalLM": "Gemma3ForCausalLM",
     # model_impl="transformers" (and the automatic fallback) resolves text
     # generation models to this architecture name.
