@@ -137,9 +137,18 @@ class KernelFamily:
             return self.fn(*args)
         key = _signature(args)
         variant = self._variants.get(key)
-        if variant is not None:
-            return variant(*args)
-        return self._first_call(key, args)
+        # One dispatch state for every call, because Dynamo guards on it and it
+        # differs by caller: attention and the KV store run inside the runtime
+        # of a compiled block graph when the model compiles (torch-function
+        # subclasses off, ADInplaceOrView excluded), outside any graph under
+        # --enforce-eager, and from Python in warm-up. Without this, a variant
+        # recorded in warm-up would recompile on its first served step. The
+        # kernels are inference-only and use no tensor subclass or function
+        # mode, so neither switch changes what they compute.
+        with torch._C.DisableTorchFunction(), torch._C._AutoDispatchBelowADInplaceOrView():
+            if variant is not None:
+                return variant(*args)
+            return self._first_call(key, args)
 
     def _first_call(self, key: Any, args: tuple[Any, ...]) -> Any:
         with self._lock:
