@@ -1,0 +1,294 @@
+"""Compilation granularity end to end: per-block graphs, buckets, warm-up, results.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the
+test can read torch's own compile counters and Dynamo's cache next to the
+model. What "compiled block artifacts" means here, precisely: the graphs Dynamo
+holds for a block class's ``forward`` after warm-up (each one went through
+Inductor once, compiled or loaded from its cache), divided by the number of
+num_tokens buckets warm-up ran. torch's global ``unique_graphs`` counter (every
+graph Dynamo compiled in the process, attention kernels included) is checked
+alongside it.
+
+Dynamo keeps compiled graphs per code object for the whole process, so each
+engine here starts from ``torch._dynamo.reset()``: without it a second engine of
+the same architecture would find the first one's graphs.
+"""
+
+from __future__ import annotations
+
+import gc
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from torch._dynamo.utils import counters
+from vllm import LLM, SamplingParams
+
+from spyre_inference.platform import settings
+from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+
+MAX_TOKENS = 16
+
+
+def _runner(llm: LLM) -> Any:
+    return llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+
+def _compiled_graphs() -> int:
+    return counters["stats"]["unique_graphs"]
+
+
+def _inductor_calls() -> int:
+    c = counters["inductor"]
+    return c["fxgraph_cache_miss"] + c["fxgraph_cache_hit"] + c["fxgraph_cache_bypass"]
+
+
+@pytest.fixture
+def inproc_llm(monkeypatch) -> Iterator[Any]:
+    """``inproc_llm(model, buckets=..., granularity=..., **llm_kwargs)``: an in-process engine."""
+    import vllm.envs as vllm_envs
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    engines: list[LLM] = []
+
+    def factory(
+        model: Path, *, buckets: str | None = None, granularity: str = "block", **kwargs: Any
+    ) -> LLM:
+        if buckets is None:
+            monkeypatch.delenv("SPYRE_NUM_TOKENS_BUCKETS", raising=False)
+        else:
+            monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", buckets)
+        monkeypatch.setenv("SPYRE_COMPILE_GRANULARITY", granularity)
+        settings.reset_cache()
+        # An earlier in-process engine froze vLLM's environment cache.
+        vllm_envs.disable_envs_cache()
+        torch._dynamo.reset()
+        counters.clear()
+        kwargs.setdefault("max_model_len", 512)
+        kwargs.setdefault("max_num_seqs", 8)
+        kwargs.setdefault("max_num_batched_tokens", 64)
+        kwargs.setdefault("dtype", "float32")
+        llm = LLM(model=str(model), **kwargs)
+        engines.append(llm)
+        return llm
+
+    yield factory
+    for llm in engines:
+        llm.llm_engine.engine_core.shutdown()
+    engines.clear()
+    vllm_envs.disable_envs_cache()
+    settings.reset_cache()
+    torch._dynamo.reset()
+    gc.collect()
+
+
+def _shutdown(llm: LLM) -> None:
+    llm.llm_engine.engine_core.shutdown()
+
+
+# ---- Must show 1: compiled block artifacts independent of depth -------------
+
+
+def test_llama_blocks_compile_twice_per_bucket_at_any_depth(tiny_model_factory, inproc_llm) -> None:
+    """Layer 0 (``residual is None``) and every other layer: 2 graphs per bucket, 2 or 6 layers."""
+    seen = {}
+    for layers in (2, 6):
+        model = tiny_model_factory("llama", num_hidden_layers=layers)
+        llm = inproc_llm(model, buckets="16,64")
+        runner = _runner(llm)
+        report = runner.compile_report
+        assert report.granularity == "block"
+        assert report.stacks == ("model.layers",)
+        assert report.classes == {"LlamaDecoderLayer": layers}
+        buckets = runner.token_buckets.sizes
+        assert buckets == (16, 64)
+        assert report.artifacts() == {"LlamaDecoderLayer": 2 * len(buckets)}
+        assert runner.warm_up_stats.graphs == {"LlamaDecoderLayer": 2 * len(buckets)}
+        assert runner.warm_up_stats.depth_independent
+        seen[layers] = (_compiled_graphs(), _inductor_calls())
+        _shutdown(llm)
+    # torch's own counters: the whole start-up (blocks, attention kernels,
+    # helpers) compiled exactly as many graphs for 6 layers as for 2.
+    assert seen[2] == seen[6], seen
+
+
+#: Gemma 3 4B/12B/27B: global (full-attention) layers use linearly scaled RoPE,
+#: local (sliding-window) layers plain RoPE with another theta.
+GEMMA3_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+}
+
+
+def test_gemma3_alternating_stack_compiles_three_per_bucket_at_any_depth(
+    tiny_model_factory, inproc_llm
+) -> None:
+    """Sliding-window and full-attention layers alternate: 3 block graphs per bucket.
+
+    Dynamo's recompile reasons name the three variants: layer 0 (``residual is
+    None``, a sliding layer), the other sliding layers, and the full-attention
+    layers, whose RoPE module is another class (linear scaling). The sliding
+    window itself lives inside the opaque attention op and costs no graph.
+    The count is the same at 4 and 8 layers.
+    """
+    seen = {}
+    for layers in (4, 8):
+        model = tiny_model_factory("gemma3", num_hidden_layers=layers, rope_parameters=GEMMA3_ROPE)
+        llm = inproc_llm(model, buckets="64")
+        runner = _runner(llm)
+        report = runner.compile_report
+        assert report.granularity == "block"
+        assert report.classes == {"Gemma3DecoderLayer": layers}
+        assert report.artifacts() == {"Gemma3DecoderLayer": 3}
+        assert runner.warm_up_stats.depth_independent
+        seen[layers] = (_compiled_graphs(), _inductor_calls())
+        _shutdown(llm)
+    assert seen[4] == seen[8], seen
+
+
+# ---- Must show 3: nothing compiles after warm-up ----------------------------
+
+
+def test_random_requests_after_warm_up_compile_nothing(tiny_model_factory, inproc_llm) -> None:
+    model = tiny_model_factory("llama", num_hidden_layers=2)
+    llm = inproc_llm(model)  # default buckets for a 64-token budget: 8, 16, 32, 64
+    runner = _runner(llm)
+    assert runner.token_buckets.sizes == (8, 16, 32, 64)
+    graphs, inductor = _compiled_graphs(), _inductor_calls()
+    blocks = runner.compile_report.artifacts()
+    assert graphs > 0
+
+    rng = random.Random(1234)
+    vocab = llm.get_tokenizer().vocab_size
+    prompts, params = [], []
+    for _ in range(50):
+        length = rng.choice([rng.randint(1, 8), rng.randint(9, 100), rng.randint(100, 400)])
+        prompts.append({"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]})
+        params.append(
+            SamplingParams(
+                max_tokens=rng.randint(1, 24),
+                temperature=rng.choice([0.0, 0.7, 1.0]),
+                top_p=rng.choice([1.0, 0.9]),
+                top_k=rng.choice([-1, 20]),
+                logprobs=rng.choice([None, None, 0, 3]),
+                prompt_logprobs=rng.choice([None, None, None, 2]),
+                ignore_eos=True,
+            )
+        )
+    # Some alone (steps of 1..8 tokens, single decodes), the rest in one batch
+    # (chunked prefill mixed with decodes across every bucket).
+    for i in range(10):
+        llm.generate([prompts[i]], [params[i]], use_tqdm=False)
+    outs = llm.generate(prompts[10:], params[10:], use_tqdm=False)
+    assert all(
+        len(o.outputs[0].token_ids) == p.max_tokens for o, p in zip(outs, params[10:], strict=True)
+    )
+
+    assert _compiled_graphs() == graphs, "a graph compiled after warm-up"
+    assert _inductor_calls() == inductor, "Inductor ran after warm-up"
+    assert runner.compile_report.artifacts() == blocks
+
+
+# ---- Must show 2 and 4: weights and greedy results --------------------------
+
+
+@pytest.fixture(scope="module")
+def llama6(tiny_model_factory) -> Path:
+    return tiny_model_factory("llama", num_hidden_layers=6)
+
+
+@pytest.fixture(scope="module")
+def hf_reference(llama6) -> list[list[int]]:
+    return hf_greedy(llama6, TEST_PROMPTS, MAX_TOKENS, "float32")
+
+
+def _greedy(llm: LLM) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return [list(o.outputs[0].token_ids) for o in llm.generate(list(TEST_PROMPTS), params)]
+
+
+@pytest.fixture(scope="module")
+def eager_reference(llama6, tmp_path_factory) -> dict[str, Any]:
+    """Greedy tokens, parameter names and saved weights of the eager engine."""
+    import vllm.envs as vllm_envs
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    vllm_envs.disable_envs_cache()
+    try:
+        llm = LLM(
+            model=str(llama6),
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=512,
+            max_num_seqs=8,
+            max_num_batched_tokens=128,
+        )
+        model = _runner(llm).model
+        path = tmp_path_factory.mktemp("eager-weights") / "model.safetensors"
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+        ref = {
+            "tokens": _greedy(llm),
+            "names": [n for n, _ in model.named_parameters()],
+            "weights": path,
+        }
+        _shutdown(llm)
+    finally:
+        mp.undo()
+        vllm_envs.disable_envs_cache()
+    return ref
+
+
+@pytest.mark.parametrize("granularity", ["block", "model"])
+def test_greedy_compiled_equals_eager_and_hf(
+    granularity, llama6, hf_reference, eager_reference, inproc_llm
+) -> None:
+    llm = inproc_llm(llama6, buckets="16,64", granularity=granularity, max_num_batched_tokens=128)
+    runner = _runner(llm)
+    report = runner.compile_report
+    assert report.granularity == granularity
+    if granularity == "model":
+        # One whole-model graph per bucket, none per block.
+        assert report.artifacts() == {"LlamaForCausalLM": len(runner.token_buckets.sizes)}
+        assert all(b._compiled_call_impl is None for b in runner.model.model.layers)
+    got = _greedy(llm)
+    assert eager_reference["tokens"] == hf_reference
+    mismatches = [i for i, (g, w) in enumerate(zip(got, hf_reference, strict=True)) if g != w]
+    assert not mismatches, {i: (hf_reference[i], got[i]) for i in mismatches}
+
+
+def test_compiled_weights_keep_names_and_round_trip(
+    llama6, eager_reference, inproc_llm, tmp_path
+) -> None:
+    """In-place compile: same parameter names as eager; weights save and load back strictly."""
+    llm = inproc_llm(llama6, buckets="16,64", max_num_batched_tokens=128)
+    model = _runner(llm).model
+    names = [n for n, _ in model.named_parameters()]
+    assert names == eager_reference["names"]
+    assert not any("_orig_mod" in n for n in model.state_dict())
+    assert all(type(b).__name__ == "LlamaDecoderLayer" for b in model.model.layers)
+
+    # Save from the compiled model: identical to what the eager model saved.
+    path = tmp_path / "compiled.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    saved, eager = load_file(str(path)), load_file(str(eager_reference["weights"]))
+    assert saved.keys() == eager.keys()
+    for key in saved:
+        torch.testing.assert_close(saved[key], eager[key], rtol=0, atol=0, msg=key)
+
+    # Scramble the live weights, then reload the saved file strictly: the
+    # compiled graphs read the restored parameters (they are graph inputs, not
+    # baked constants) and generate the eager tokens again, without compiling.
+    graphs = _compiled_graphs()
+    # The engine built its weights as inference tensors: edit them in that mode.
+    with torch.inference_mode():
+        for p in model.parameters():
+            p.mul_(-1.0)
+        missing, unexpected = model.load_state_dict(saved, strict=True)
+    assert not missing and not unexpected
+    assert _greedy(llm) == eager_reference["tokens"]
+    assert _compiled_graphs() == graphs
