@@ -89,8 +89,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SPYRE_NUM_TOKENS_BUCKETS",
         "",
-        "Comma-separated packed num_tokens buckets for the block graphs. Empty: "
-        "derived from max_num_batched_tokens and max_num_seqs.",
+        "Comma-separated packed num_tokens buckets for the block graphs; "
+        "max_num_batched_tokens is always added as the largest. Empty: powers of two "
+        "from 8 up to max_num_batched_tokens.",
         parse=_int_list,
     ),
     Setting(
