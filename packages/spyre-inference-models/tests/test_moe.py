@@ -194,3 +194,108 @@ def test_mid_stick_expert_width_equals_hf(tiny_model_factory, make_llm) -> None:
     got = _greedy(llm, PROMPTS, MAX_TOKENS)
     mismatches = {i: (w, g) for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w}
     assert not mismatches
+
+
+# ---- Gemma 4: a model-owned routing recipe -------------------------------------
+
+
+def test_gemma4_recipe_routes_like_vllms_gemma4_function() -> None:
+    from vllm.model_executor.models.gemma4 import gemma4_routing_function_torch
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(9, 8, generator=gen)
+    per_expert_scale = torch.linspace(0.5, 2.0, 8)
+    want_w, want_ids = gemma4_routing_function_torch(logits, 2, per_expert_scale)
+    recipe = MoeRecipe(scoring="softmax", renormalize=True, expert_scale=lambda: per_expert_scale)
+    got_w, got_ids = route(logits, 2, recipe)
+    torch.testing.assert_close(got_ids, want_ids.to(torch.int64), rtol=0, atol=0)
+    torch.testing.assert_close(got_w, want_w, rtol=0, atol=1e-6)
+
+
+def _build_tiny_gemma4_moe(out_dir):
+    """A 2-layer Gemma 4 text model with 4 experts (top-2) and a non-uniform per_expert_scale.
+
+    Built like the core's tiny models (same seeded initialisation and test
+    tokenizer); Gemma 4's per-layer-input embeddings are switched off and both
+    layer types use full-width default RoPE, which the rest of the plugin
+    supports.
+    """
+    import transformers
+    from transformers import AutoConfig
+
+    from spyre_inference.platform.testing.models import TinyModelKind, init_weights_
+    from spyre_inference.platform.testing.tokenizer import (
+        BOS_TOKEN_ID,
+        EOS_TOKEN_ID,
+        PAD_TOKEN_ID,
+        VOCAB_SIZE,
+        save_tokenizer,
+    )
+
+    config = AutoConfig.for_model(
+        "gemma4_text",
+        vocab_size=VOCAB_SIZE,
+        pad_token_id=PAD_TOKEN_ID,
+        bos_token_id=BOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        global_head_dim=64,
+        max_position_embeddings=1024,
+        sliding_window=48,
+        layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+        },
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=VOCAB_SIZE,
+        enable_moe_block=True,
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=256,
+        tie_word_embeddings=False,
+        final_logit_softcapping=None,
+    )
+    config.architectures = ["Gemma4ForCausalLM"]
+    spec = TinyModelKind("gemma4_text", "Gemma4ForCausalLM", "decoder", {})
+    model = transformers.Gemma4ForCausalLM._from_config(config, dtype=torch.float32)
+    init_weights_(model, config, spec, 0)
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("router.per_expert_scale"):
+                param.copy_(torch.linspace(0.5, 2.0, param.numel()))
+            elif name.endswith("router.scale"):
+                param.copy_(1.0 + 0.1 * torch.randn(param.shape, generator=gen))
+    model.to(torch.bfloat16).save_pretrained(out_dir)
+    save_tokenizer(out_dir, "decoder", model_max_length=1024)
+    return out_dir
+
+
+def _gemma4_recipes(model):
+    from spyre_inference.models.moe import RECIPE_ATTR
+
+    recipes = [getattr(m, RECIPE_ATTR) for m in model.modules() if hasattr(m, RECIPE_ATTR)]
+    return {
+        "model": type(model).__name__,
+        "recipes": len(recipes),
+        "scales": [r.expert_scale().tolist() for r in recipes if r.expert_scale is not None],
+    }
+
+
+def test_gemma4_moe_greedy_equals_hf(tmp_path_factory, make_llm) -> None:
+    model = _build_tiny_gemma4_moe(tmp_path_factory.mktemp("gemma4-moe"))
+    want = hf_greedy(model, PROMPTS, MAX_TOKENS, "float32")
+    llm = make_llm(model, dtype="float32", enforce_eager=True)
+    (info,) = llm.apply_model(_gemma4_recipes)
+    assert info["model"] == "SpyreGemma4ForCausalLM" and info["recipes"] == 2
+    for scale in info["scales"]:
+        assert scale == pytest.approx(torch.linspace(0.5, 2.0, 4).tolist(), abs=1e-6)
+    got = _greedy(llm, PROMPTS, MAX_TOKENS)
+    mismatches = {i: (w, g) for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w}
+    assert not mismatches
