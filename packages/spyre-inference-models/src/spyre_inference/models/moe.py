@@ -286,6 +286,11 @@ class SpyreUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     def process_weights_after_loading(self, layer: RoutedExperts) -> None:
         if getattr(layer, RELAYOUT_FLAG, False):
             return
+        if layer.apply_router_weight_on_input:
+            raise NotImplementedError(
+                f"{layer.layer_name} applies the router weight to the expert input "
+                "(Llama 4 style); spyre-inference's MoE backend weights expert outputs only."
+            )
         intermediate = layer.w2_weight.shape[-1]
         relayout_expert_weights(layer, intermediate)
         setattr(layer, INTERMEDIATE_ATTR, intermediate)
