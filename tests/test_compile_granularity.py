@@ -150,6 +150,23 @@ def test_gemma3_alternating_stack_compiles_three_per_bucket_at_any_depth(
     assert seen[4] == seen[8], seen
 
 
+def test_encoder_stack_compiles_one_graph_per_bucket(tiny_model_factory, inproc_llm) -> None:
+    """BERT's ``encoder.layer`` is found structurally; its layers have one code path."""
+    model = tiny_model_factory("bert", num_hidden_layers=4)
+    llm = inproc_llm(
+        model, buckets="64,128", runner="pooling", max_model_len=256, max_num_batched_tokens=256
+    )
+    runner = _runner(llm)
+    report = runner.compile_report
+    assert report.stacks == ("model.encoder.layer",)
+    assert report.classes == {"BertLayer": 4}
+    assert report.artifacts() == {"BertLayer": len(runner.token_buckets.sizes)}
+    graphs = _compiled_graphs()
+    out = llm.embed(["hello world", "a man is eating food " * 20, "x"], use_tqdm=False)
+    assert all(len(o.outputs.embedding) == 256 for o in out)
+    assert _compiled_graphs() == graphs
+
+
 # ---- Must show 3: nothing compiles after warm-up ----------------------------
 
 
