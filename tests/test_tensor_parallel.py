@@ -122,6 +122,23 @@ def test_tp2_bfloat16_close_to_hf(tiny_llama, make_llm) -> None:
     assert exact >= len(TEST_PROMPTS) // 2
 
 
+@pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
+def test_tp2_moe_equals_tp1_and_hf(kind, tiny_model_factory, make_llm) -> None:
+    """MoE: each rank holds every expert's half intermediate; MoERunner all-reduces."""
+    model = tiny_model_factory(kind)
+    prompts = TEST_PROMPTS[:6]
+    want = hf_greedy(model, prompts, MAX_TOKENS, "float32")
+
+    tp1 = make_llm(model, dtype="float32")
+    got_tp1 = _greedy(tp1, prompts)
+    _shutdown(tp1)
+
+    tp2 = make_llm(model, dtype="float32", tensor_parallel_size=TP)
+    got_tp2 = _greedy(tp2, prompts)
+    assert got_tp1 == want
+    assert got_tp2 == want
+
+
 # ---- vllm serve --tensor-parallel-size 2 -----------------------------------
 
 SERVED = "tiny-llama-tp2"
