@@ -362,3 +362,15 @@ def test_second_compile_of_same_blocks_comes_from_the_cache(monkeypatch, tmp_pat
     second = dict(counters["inductor"])
     assert second.get("fxgraph_cache_miss", 0) == 0
     assert second.get("fxgraph_cache_hit", 0) == 2
+
+
+def test_vllm_disable_compile_cache_turns_inductor_caches_off(monkeypatch, caplog) -> None:
+    import vllm.envs as vllm_envs
+
+    monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
+    vllm_envs.disable_envs_cache()
+    monkeypatch.setattr(torch.compiler.config, "force_disable_caches", False)
+    with caplog.at_level("WARNING"):
+        configure_inductor_cache()
+    assert torch.compiler.config.force_disable_caches
+    assert "cache is disabled" in caplog.text

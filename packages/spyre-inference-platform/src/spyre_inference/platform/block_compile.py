@@ -122,9 +122,15 @@ def configure_inductor_cache() -> str:
     variables (``TORCHINDUCTOR_FX_GRAPH_CACHE=0``,
     ``TORCHINDUCTOR_AUTOGRAD_CACHE=0``, ``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``).
     Under ``STOCK_TORCH_COMPILE`` vLLM's own compile cache (``VLLM_CACHE_ROOT``)
-    is not involved: its backend and AOT compile are never used here.
+    is not involved: its backend and AOT compile are never used here. vLLM's
+    switch for it, ``VLLM_DISABLE_COMPILE_CACHE=1``, is honoured by turning
+    Inductor's caches off, since those are the only compile caches here.
     """
+    import vllm.envs as vllm_envs
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    if vllm_envs.VLLM_DISABLE_COMPILE_CACHE:
+        torch._inductor.config.force_disable_caches = True
 
     current = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
