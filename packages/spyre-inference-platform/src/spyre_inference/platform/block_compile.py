@@ -179,8 +179,8 @@ class CompileReport:
     granularity: str
     #: Dotted names of the compiled block lists (empty for ``"model"``).
     stacks: tuple[str, ...]
-    #: Number of blocks compiled per block class (``{type(model).__name__: 1}``
-    #: for ``"model"``).
+    #: Number of blocks compiled per block class (``{model class: 1}`` for
+    #: ``"model"``); keys are class ``__qualname__``.
     classes: dict[str, int]
     #: The ``forward`` code objects Dynamo holds compiled graphs for, by class.
     codes: dict[str, tuple[types.CodeType, ...]]
@@ -258,9 +258,14 @@ def compile_model(model: nn.Module, num_shapes: int = 1) -> CompileReport:
 
     if not stacks:
         model.compile(**COMPILE_KWARGS)
-        name = type(model).__name__
+        name = type(model).__qualname__
+        # One graph per bucket (a few spare for a model with its own branches).
         raise_recompile_limit(num_shapes * 4)
-        logger.info("Compiled %s as one graph (SPYRE_COMPILE_GRANULARITY=model).", name)
+        logger.info(
+            "Compiling %s as one whole-model graph (%s).",
+            name,
+            "SPYRE_COMPILE_GRANULARITY=model" if granularity == "model" else "no block stack",
+        )
         return CompileReport("model", (), {name: 1}, {name: _forward_codes(type(model))}, cache_dir)
 
     classes: Counter[str] = Counter()
@@ -284,8 +289,8 @@ def compile_model(model: nn.Module, num_shapes: int = 1) -> CompileReport:
             "Set VLLM_USE_LAYERNAME=1, or SPYRE_COMPILE_GRANULARITY=model.",
             sum(classes.values()),
         )
-    # Variants per class are few when names are hoisted (2 for Llama, 4 for
-    # Gemma 3); when they are not, every block is a variant. Never let Dynamo
+    # Variants per class are few when names are hoisted (2 for Llama, 3 for
+    # Gemma 3 with scaled global RoPE); when they are not, every block is one. Never let Dynamo
     # fall back to eager for a block mid-warm-up.
     per_shape = 8 if hoisted else max(8, max(classes.values()) + 2)
     raise_recompile_limit(num_shapes * per_shape)
