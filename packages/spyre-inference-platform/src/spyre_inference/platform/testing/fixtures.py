@@ -133,6 +133,7 @@ __all__ = [
     "get_tiny_model",
     "hf_greedy",
     "hf_greedy_with_logprobs",
+    "pytest_collection_modifyitems",
     "tiny_bert",
     "tiny_gemma3",
     "tiny_granite",
@@ -144,3 +145,19 @@ __all__ = [
     "tiny_qwen3_moe",
     "tiny_roberta",
 ]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``spyre`` need a card: skip them on the cpu target.
+
+    Lives here so every package's conftest (which star-imports this module)
+    gets the same rule.
+    """
+    from spyre_inference.platform import device
+
+    if device.target() is device.DeviceTarget.SPYRE:
+        return
+    skip = pytest.mark.skip(reason="needs a Spyre card (running on the cpu target)")
+    for item in items:
+        if item.get_closest_marker("spyre") is not None:
+            item.add_marker(skip)
