@@ -83,7 +83,10 @@ class TorchSpyreWorker(Worker):
             self.rank,
             self.distributed_init_method,
             self.local_rank,
-            "gloo",
+            # Spec, "Distributed (TP)": on a card the group is multi-backend
+            # (gloo for host tensors, spyreccl for device tensors); on the cpu
+            # target gloo serves both halves.
+            "cpu:gloo,spyre:spyreccl" if dev.is_spyre() else "gloo",
         )
         set_random_seed(self.model_config.seed)
         logger.info(
