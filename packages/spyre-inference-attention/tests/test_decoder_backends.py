@@ -33,7 +33,7 @@ from attn_testutil import (
     run_backend,
 )
 
-from spyre_inference.attention import ops
+from spyre_inference.attention import ops, policy
 from spyre_inference.attention.backends.head_major import SpyreHeadMajorAttentionBackend
 from spyre_inference.attention.backends.token_major import SpyreAttentionBackend
 from spyre_inference.attention.ops import compiled as compiled_ops
@@ -82,11 +82,27 @@ WORKLOADS = {
 }
 
 
+@pytest.fixture(params=["cpu_tiles", "one_page_tiles"])
+def tiling(request, monkeypatch):
+    """The cpu target's large tiles, or the card's one page per online-softmax step."""
+    if request.param == "one_page_tiles":
+        monkeypatch.setattr(policy, "CPU_TILE_BYTES", 1)
+    return request.param
+
+
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_matches_dense_reference(backend, vllm_config, workload, dtype):
+def test_matches_dense_reference(backend, vllm_config, workload, dtype, tiling):
     seq_lens, query_lens = WORKLOADS[workload]
     run_case(backend, vllm_config, Case(seq_lens, query_lens, dtype=dtype))
+
+
+def test_tile_sizes():
+    """One page per tile on the card's setting; the cpu budget otherwise."""
+    assert policy.pages_per_tile(64, num_heads=4, query_rows=64, token_bytes=256) > 1
+    # A batch of 32 decodes of 3 KV heads x 128 (bf16): 768 B per token each.
+    tile = policy.pages_per_tile(128, num_seqs=32, num_heads=9, token_bytes=768)
+    assert tile * 128 * 32 * 768 <= policy.CPU_TILE_BYTES
 
 
 @pytest.mark.parametrize(
@@ -163,6 +179,18 @@ def test_compiled_matches_reference(backend, compiled_vllm_config, workload):
         else ops.PAGE_ATTENTION
     )
     assert len(family) > 0 and compiled_ops.stats.total > 0
+
+
+def test_compiled_multi_tile_online_softmax(backend, compiled_vllm_config, monkeypatch):
+    """Several online-softmax steps inside one compiled graph.
+
+    A 256 KiB budget gives 4-page tiles to the 64-row prefill chunk and the
+    decode batch here (16 pages for a lone decode), so the 24..29-page
+    sequences take 2 to 8 steps.
+    """
+    monkeypatch.setattr(policy, "CPU_TILE_BYTES", 256 << 10)
+    seq_lens, query_lens = WORKLOADS["long_context"]
+    check(backend, compiled_vllm_config, Case(seq_lens, query_lens, soft_cap=6.0))
 
 
 def test_compiled_gqa4_softcap_window_bf16(backend, compiled_vllm_config):

@@ -205,7 +205,8 @@ def test_through_vllm_attention_layer(vllm_config):
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.layers.attention import Attention
 
-    name = "model.layers.0.self_attn.attn"
+    # A layer name of its own: the session's config keeps every registered layer.
+    name = "model.layers.7.self_attn.attn"
     case = Case([300, 40, 129, 7, 65], [1, 40, 1, 7, 1], sliding_window=40)
     with set_current_vllm_config(vllm_config):
         layer = Attention(

@@ -22,12 +22,11 @@ from spyre_inference.platform import settings
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-#: On the cpu target a tile of the online softmax covers up to this many
-#: tokens of one sequence (the card reads one page per tile, as the spec says).
-CPU_TILE_TOKENS = 1024
-#: ... and up to this many tokens summed over a batched-decode tile, which
-#: bounds the gathered K/V of a tile at large batch sizes.
-CPU_DECODE_TILE_TOKENS = 16384
+#: On the cpu target a tile of the online softmax is as many pages as keep
+#: the tile's gathered K|V and its float32 scores each under this many bytes
+#: (summed over a batched-decode batch). Typical decode contexts then take a
+#: single tile: fewer, larger matmuls, and fewer graph nodes to compile.
+CPU_TILE_BYTES = 64 << 20
 
 
 def model_compiles(vllm_config: VllmConfig) -> bool:
@@ -37,17 +36,27 @@ def model_compiles(vllm_config: VllmConfig) -> bool:
     return vllm_config.compilation_config.mode != CompilationMode.NONE
 
 
-def pages_per_tile(block_size: int, num_seqs: int = 1) -> int:
+def pages_per_tile(
+    block_size: int,
+    *,
+    num_seqs: int = 1,
+    query_rows: int = 1,
+    num_heads: int = 1,
+    token_bytes: int = 0,
+) -> int:
     """Pages read per step of the online softmax.
 
-    One on the card (the spec's page-at-a-time walk); on the cpu target as many
-    as fit :data:`CPU_TILE_TOKENS` per sequence and
-    :data:`CPU_DECODE_TILE_TOKENS` over a batch.
+    One on the card (the spec's page-at-a-time walk). On the cpu target, as
+    many as keep both the gathered K|V (``num_seqs * tokens * token_bytes``)
+    and the float32 scores (``num_seqs * num_heads * query_rows * tokens * 4``)
+    of a tile within :data:`CPU_TILE_BYTES`; at least one page.
     """
     if placement.is_spyre():
         return 1
-    budget = min(CPU_TILE_TOKENS, CPU_DECODE_TILE_TOKENS // max(1, num_seqs))
-    return max(1, budget // block_size)
+    kv_per_token = max(1, num_seqs * token_bytes)
+    scores_per_token = max(1, num_seqs * num_heads * query_rows * 4)
+    tokens = CPU_TILE_BYTES // max(kv_per_token, scores_per_token)
+    return max(1, tokens // block_size)
 
 
 def batched_decode_requested() -> bool:

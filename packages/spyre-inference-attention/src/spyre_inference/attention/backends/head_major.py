@@ -142,9 +142,9 @@ class SpyreHeadMajorAttentionImpl(SpyreAttentionImpl):
             return
         pages = ops.head_major_pages(kv_cache)
         masks = md.tile_masks(self.sliding_window)
-        tile = policy.pages_per_tile(md.block_size)
         for seq, mask in zip(md.seqs, masks, strict=True):
             assert seq.page_index is not None
+            tile = self._tile(kv_cache, md.block_size, 1, seq.query_bucket)
             q = query.index_select(0, seq.q_index)
             result = ops.HEAD_MAJOR_ATTENTION(
                 self.compile_kernels,

@@ -611,6 +611,15 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
 
     # ---- attention ------------------------------------------------------------
 
+    def _tile(self, kv_cache: torch.Tensor, block_size: int, num_seqs: int, rows: int) -> int:
+        return policy.pages_per_tile(
+            block_size,
+            num_seqs=num_seqs,
+            query_rows=rows,
+            num_heads=self.num_heads,
+            token_bytes=self.num_kv_heads * kv_cache.shape[-1] * kv_cache.element_size(),
+        )
+
     def forward(
         self,
         layer: AttentionLayer | torch.nn.Module | None,
@@ -656,9 +665,9 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         masks = md.tile_masks(self.sliding_window)
         slopes = self._alibi_on_device(md.stats_dtype)
         biases = md.alibi_biases() if slopes is not None else [None] * len(md.seqs)
-        tile = policy.pages_per_tile(md.block_size)
         for seq, mask, bias in zip(md.seqs, masks, biases, strict=True):
             q = query.index_select(0, seq.q_index)
+            tile = self._tile(kv_cache, md.block_size, 1, seq.query_bucket)
             result = ops.PAGE_ATTENTION(
                 self.compile_kernels,
                 q,
@@ -692,7 +701,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             md.decode_mask(self.sliding_window),
             self.scale,
             self.logits_soft_cap,
-            policy.pages_per_tile(md.block_size, batch.num_seqs_bucket),
+            self._tile(kv_cache, md.block_size, batch.num_seqs_bucket, 1),
             slopes,
             md.decode_alibi_bias() if slopes is not None else None,
         )
