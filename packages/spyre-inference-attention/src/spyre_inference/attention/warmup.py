@@ -234,7 +234,9 @@ def record_backend(backend_cls: type, runner: Any) -> WarmUpReport:
                 encoder = isinstance(builder, SpyreEncoderMetadataBuilder)
                 kv_cache = None if encoder else _kv_cache(layer)
                 signature = _signature(impl, kv_cache)
-                if signature in seen or not (impl.compile_kernels or impl.compile_store):
+                # The encoder impl has no KV store to compile (no KV cache).
+                compiles = impl.compile_kernels or getattr(impl, "compile_store", False)
+                if signature in seen or not compiles:
                     continue
                 seen.add(signature)
                 if encoder:
