@@ -82,19 +82,35 @@ WORKLOADS = {
 }
 
 
-@pytest.fixture(params=["cpu_tiles", "one_page_tiles"])
-def tiling(request, monkeypatch):
-    """The cpu target's large tiles, or the card's one page per online-softmax step."""
-    if request.param == "one_page_tiles":
+@pytest.fixture(params=["cpu", "cpu_tiled", "card"])
+def kernel_form(request, monkeypatch):
+    """How the kernels run a step's tiles.
+
+    * ``cpu``: the cpu target's default, one tile through the CPU flash kernel;
+    * ``cpu_tiled``: the flash kernel over 256 KiB tiles (several per
+      sequence here), merged by log-sum-exp;
+    * ``card``: the card's form, one page per online-softmax step with
+      matmuls and running statistics.
+    """
+    if request.param == "cpu_tiled":
+        monkeypatch.setattr(policy, "CPU_TILE_BYTES", 256 << 10)
+    elif request.param == "card":
         monkeypatch.setattr(policy, "CPU_TILE_BYTES", 1)
+        monkeypatch.setattr(policy, "CPU_FLASH_ATTENTION", False)
     return request.param
 
 
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_matches_dense_reference(backend, vllm_config, workload, dtype, tiling):
+def test_matches_dense_reference(backend, vllm_config, workload, dtype, kernel_form):
     seq_lens, query_lens = WORKLOADS[workload]
     run_case(backend, vllm_config, Case(seq_lens, query_lens, dtype=dtype))
+
+
+def test_kernel_form_choice(monkeypatch):
+    assert policy.use_flash(None) and not policy.use_flash(30.0)
+    monkeypatch.setattr(policy, "CPU_FLASH_ATTENTION", False)
+    assert not policy.use_flash(None)
 
 
 def test_tile_sizes():
@@ -111,14 +127,14 @@ def test_tile_sizes():
     ids=["mha_ratio1", "gqa_ratio2", "gqa_ratio4", "mqa"],
 )
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_head_grouping(backend, vllm_config, num_heads, num_kv_heads, dtype):
+def test_head_grouping(backend, vllm_config, num_heads, num_kv_heads, dtype, kernel_form):
     seq_lens, query_lens = WORKLOADS["mixed"]
     case = Case(seq_lens, query_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, dtype=dtype)
     run_case(backend, vllm_config, case)
 
 
 @pytest.mark.parametrize("window", [1, 5, 64, 100])
-def test_sliding_window(backend, vllm_config, window):
+def test_sliding_window(backend, vllm_config, window, kernel_form):
     # Long enough that whole pages fall before the window for the decodes,
     # and prefills whose rows see a window inside their own chunk.
     case = Case([300, 40, 200, 7, 150], [1, 40, 30, 7, 1], sliding_window=window)
@@ -148,7 +164,7 @@ def test_head_size_64(backend, vllm_config):
 @pytest.mark.parametrize("batched", ["1", "0"], ids=["batched_decode", "per_seq"])
 @pytest.mark.parametrize("workload", ["mixed", "long_context", "prefix_cached"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_alibi_token_major(vllm_config, monkeypatch, batched, workload, dtype):
+def test_alibi_token_major(vllm_config, monkeypatch, batched, workload, dtype, kernel_form):
     reset_settings(monkeypatch, SPYRE_BATCHED_DECODE=batched)
     seq_lens, query_lens = WORKLOADS[workload]
     case = Case(seq_lens, query_lens, num_heads=8, num_kv_heads=2, alibi=True, dtype=dtype)
@@ -190,7 +206,10 @@ def test_compiled_multi_tile_online_softmax(backend, compiled_vllm_config, monke
     """
     monkeypatch.setattr(policy, "CPU_TILE_BYTES", 256 << 10)
     seq_lens, query_lens = WORKLOADS["long_context"]
+    # Soft-capped: the matmul form with running statistics ...
     check(backend, compiled_vllm_config, Case(seq_lens, query_lens, soft_cap=6.0))
+    # ... and the flash form merging tiles by log-sum-exp.
+    check(backend, compiled_vllm_config, Case(seq_lens, query_lens))
 
 
 def test_compiled_gqa4_softcap_window_bf16(backend, compiled_vllm_config):

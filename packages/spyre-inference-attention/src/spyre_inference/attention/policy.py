@@ -29,6 +29,20 @@ if TYPE_CHECKING:
 CPU_TILE_BYTES = 64 << 20
 
 
+#: Whether the cpu target runs a tile through PyTorch's CPU flash-attention
+#: kernel (read K and V once, merge tiles by log-sum-exp) rather than the
+#: card's matmul form. The batched matmuls of the card's form are slow on a
+#: CPU for the few rows of a decode (``G`` per KV head); results agree within
+#: float rounding. Soft-capped layers always use the matmul form (the flash
+#: kernel has no soft-cap). Tests turn this off to check the card's form.
+CPU_FLASH_ATTENTION = True
+
+
+def use_flash(logits_soft_cap: float | None) -> bool:
+    """The flash form for a layer: cpu target, no soft-cap (see :data:`CPU_FLASH_ATTENTION`)."""
+    return CPU_FLASH_ATTENTION and logits_soft_cap is None and not placement.is_spyre()
+
+
 def model_compiles(vllm_config: VllmConfig) -> bool:
     """Whether the runner compiles the model (and pads num_tokens onto buckets)."""
     from vllm.config import CompilationMode

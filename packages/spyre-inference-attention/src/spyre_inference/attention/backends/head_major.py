@@ -155,6 +155,7 @@ class SpyreHeadMajorAttentionImpl(SpyreAttentionImpl):
                 self.scale,
                 self.logits_soft_cap,
                 tile,
+                policy.use_flash(self.logits_soft_cap),
             )
             output[seq.query_start : seq.query_start + seq.query_len].copy_(result[: seq.query_len])
 

@@ -34,12 +34,13 @@ Why this shape of algorithm (spec, "Attention Backend"):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import torch
 
-#: (K tile, V tile, function adding the mask/bias of this tile to its scores)
-Tile = tuple[torch.Tensor, torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]
+#: (K tile ``[B, KVH, tokens, D]``, V tile, additive bias broadcastable to
+#: ``[B, KVH, G, Q, tokens]``: the mask, plus ALiBi where used)
+Tile = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def mask_value(dtype: torch.dtype) -> float:
@@ -62,20 +63,60 @@ def online_softmax(
     scale: float,
     logits_soft_cap: float | None,
     stats: torch.dtype,
+    groups: int,
+    flash: bool = False,
 ) -> torch.Tensor:
     """``softmax(q k^T * scale + bias) v`` over KV tiles, one tile at a time.
 
-    ``q`` is ``[batch, rows, head]``; each tile's K and V are
-    ``[batch, tile_tokens, head]``. Scores, running maximum and sum and the
-    accumulator are kept in ``stats``; the two matmuls run in the cache dtype.
-    Returns ``[batch, rows, head]`` in ``stats``.
+    ``q`` is ``[B, KVH, G * Q, D]`` (query groups folded into the rows, group
+    major); each tile's K and V are ``[B, KVH, tokens, D]`` and its bias
+    broadcasts to ``[B, KVH, G, Q, tokens]``. Returns ``[B, KVH, G * Q, D]``
+    in ``stats``.
+
+    Two ways to run one tile, same result:
+
+    * ``flash=False`` (the spec's kernel, used on the card): ``Q @ K^T`` and
+      ``P @ V`` matmuls in the cache dtype with the running maximum, sum and
+      accumulator in ``stats``, rescaled tile by tile;
+    * ``flash=True`` (cpu target, no soft-cap): PyTorch's CPU flash-attention
+      kernel per tile, which returns each tile's log-sum-exp, and the tiles
+      merged by their log-sum-exp. The CPU's batched matmuls are slow for the
+      few rows a decode has (``G`` per KV head); the fused kernel reads K and V
+      once. It has no soft-cap, so soft-capped layers use the matmul form.
     """
+    b, kvh, rows, _ = q.shape
+    q_len = rows // groups
+    if flash:
+        assert logits_soft_cap is None, "the flash form has no soft-cap"
+        out = lse = None
+        for k, v, bias in tiles:
+            tokens = k.shape[2]
+            mask = bias.expand(b, bias.shape[1], groups, q_len, tokens)
+            mask = mask.reshape(b, bias.shape[1], rows, tokens)
+            # In the query dtype, as the kernel wants; clamped so float16's
+            # range keeps the "masked" value finite (see mask_value).
+            mask = mask.clamp_min(mask_value(q.dtype)).to(q.dtype)
+            tile_out, tile_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, 0.0, False, attn_mask=mask, scale=scale
+            )
+            tile_out = tile_out.to(stats)
+            if out is None:
+                out, lse = tile_out, tile_lse
+            else:
+                new = torch.logaddexp(lse, tile_lse)
+                out = out * torch.exp(lse - new).unsqueeze(-1)
+                out = out + tile_out * torch.exp(tile_lse - new).unsqueeze(-1)
+                lse = new
+        assert out is not None, "attention over zero pages"
+        return out
+
     m = denom = acc = None
-    for k, v, add_bias in tiles:
+    for k, v, bias in tiles:
+        tokens = k.shape[2]
         s = torch.matmul(q, k.transpose(-1, -2)).to(stats) * scale
         if logits_soft_cap is not None:
             s = torch.tanh(s / logits_soft_cap) * logits_soft_cap
-        s = add_bias(s)
+        s = (s.view(b, kvh, groups, q_len, tokens) + bias).view(b, kvh, rows, tokens)
         s_max = s.amax(dim=-1, keepdim=True)
         if m is None:
             m = s_max
@@ -124,6 +165,7 @@ def page_attention(
     pages_per_tile: int,
     alibi_slopes: torch.Tensor | None = None,
     alibi_bias: torch.Tensor | None = None,
+    flash: bool = False,
 ) -> torch.Tensor:
     """Attention of one sequence's query rows over its token-major pages.
 
@@ -145,6 +187,8 @@ def page_attention(
         alibi_slopes: ``[num_heads]`` ALiBi slopes (stats dtype), or None.
         alibi_bias: ``[query_bucket, kv_block_bucket * block_size]`` key minus
             query position (stats dtype), with ``alibi_slopes``.
+        flash: run each tile through the CPU flash-attention kernel (see
+            :func:`online_softmax`).
 
     Returns:
         ``[query_bucket, num_heads, head_size]`` in ``q.dtype``.
@@ -152,7 +196,6 @@ def page_attention(
     q_len, num_heads, head_size = q.shape
     block_size, num_kv_heads = pages.shape[1], pages.shape[2]
     groups = num_heads // num_kv_heads
-    rows = groups * q_len
 
     def tiles() -> Iterable[Tile]:
         for start, stop in _tile_bounds(block_ids.shape[0], pages_per_tile):
@@ -160,20 +203,17 @@ def page_attention(
             # One indirect read of the tile's pages, then token-major ->
             # head-major [KVH, tokens, K|V] on the device.
             kv = pages.index_select(0, block_ids[start:stop])
-            kv = kv.reshape(tokens, num_kv_heads, 2 * head_size).permute(1, 0, 2)
+            kv = kv.reshape(tokens, num_kv_heads, 2 * head_size).permute(1, 0, 2).unsqueeze(0)
             cols = slice(start * block_size, stop * block_size)
+            bias = mask[:, cols].view(1, 1, 1, q_len, tokens)
+            if alibi_slopes is not None and alibi_bias is not None:
+                slopes = alibi_slopes.view(1, num_kv_heads, groups, 1, 1)
+                bias = bias + slopes * alibi_bias[:, cols].view(1, 1, 1, q_len, tokens)
+            yield kv[..., :head_size], kv[..., head_size:], bias
 
-            def add_bias(s: torch.Tensor, cols: slice = cols, tokens: int = tokens) -> torch.Tensor:
-                s = s.view(num_kv_heads, groups, q_len, tokens) + mask[:, cols]
-                if alibi_slopes is not None and alibi_bias is not None:
-                    slopes = alibi_slopes.view(num_kv_heads, groups, 1, 1)
-                    s = s + slopes * alibi_bias[:, cols]
-                return s.view(num_kv_heads, rows, tokens)
-
-            yield kv[..., :head_size], kv[..., head_size:], add_bias
-
-    out = online_softmax(_fold_groups(q, num_kv_heads), tiles(), scale, logits_soft_cap, mask.dtype)
-    return _unfold_groups(out, q_len, q.dtype)
+    qf = _fold_groups(q, num_kv_heads).unsqueeze(0)
+    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype, groups, flash)
+    return _unfold_groups(out.squeeze(0), q_len, q.dtype)
 
 
 def batched_decode_attention(
@@ -186,6 +226,7 @@ def batched_decode_attention(
     pages_per_tile: int,
     alibi_slopes: torch.Tensor | None = None,
     alibi_bias: torch.Tensor | None = None,
+    flash: bool = False,
 ) -> torch.Tensor:
     """One query row per sequence, many sequences in one call (token-major pages).
 
@@ -202,7 +243,7 @@ def batched_decode_attention(
 
     Whole pages are gathered from the token-major cache for every sequence of a
     tile; the query groups stay a row axis of ``G`` rows per (sequence, KV
-    head), so each matmul has one batch dim of ``num_seqs * num_kv_heads``.
+    head), so each matmul's batch is ``num_seqs * num_kv_heads``.
 
     Returns:
         ``[num_seqs_bucket, num_heads, head_size]`` in ``q.dtype``.
@@ -210,28 +251,22 @@ def batched_decode_attention(
     num_seqs, num_heads, head_size = q.shape
     block_size, num_kv_heads = pages.shape[1], pages.shape[2]
     groups = num_heads // num_kv_heads
-    qf = q.reshape(num_seqs * num_kv_heads, groups, head_size)
 
     def tiles() -> Iterable[Tile]:
         for start, stop in _tile_bounds(block_ids.shape[1], pages_per_tile):
             tokens = (stop - start) * block_size
             kv = pages.index_select(0, block_ids[:, start:stop].reshape(-1))
             kv = kv.view(num_seqs, tokens, num_kv_heads, 2 * head_size).permute(0, 2, 1, 3)
-            kv = kv.reshape(num_seqs * num_kv_heads, tokens, 2 * head_size)
             cols = slice(start * block_size, stop * block_size)
+            bias = mask[:, cols].view(num_seqs, 1, 1, 1, tokens)
+            if alibi_slopes is not None and alibi_bias is not None:
+                slopes = alibi_slopes.view(1, num_kv_heads, groups, 1, 1)
+                bias = bias + slopes * alibi_bias[:, cols].view(num_seqs, 1, 1, 1, tokens)
+            yield kv[..., :head_size], kv[..., head_size:], bias
 
-            def add_bias(s: torch.Tensor, cols: slice = cols, tokens: int = tokens) -> torch.Tensor:
-                s = s.view(num_seqs, num_kv_heads, groups, tokens)
-                s = s + mask[:, cols].view(num_seqs, 1, 1, tokens)
-                if alibi_slopes is not None and alibi_bias is not None:
-                    slopes = alibi_slopes.view(1, num_kv_heads, groups, 1)
-                    s = s + slopes * alibi_bias[:, cols].view(num_seqs, 1, 1, tokens)
-                return s.view(num_seqs * num_kv_heads, groups, tokens)
-
-            yield kv[..., :head_size], kv[..., head_size:], add_bias
-
-    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype)
-    return out.view(num_seqs, num_heads, head_size).to(q.dtype)
+    qf = q.view(num_seqs, num_kv_heads, groups, head_size)
+    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype, groups, flash)
+    return out.reshape(num_seqs, num_heads, head_size).to(q.dtype)
 
 
 def head_major_page_attention(
@@ -242,6 +277,7 @@ def head_major_page_attention(
     scale: float,
     logits_soft_cap: float | None,
     pages_per_tile: int,
+    flash: bool = False,
 ) -> torch.Tensor:
     """Attention of one sequence over head-major pages (spec, "LX-resident pages").
 
@@ -263,20 +299,16 @@ def head_major_page_attention(
     num_kv_heads = page_index.shape[0]
     block_size = pages.shape[1]
     groups = num_heads // num_kv_heads
-    rows = groups * q_len
 
     def tiles() -> Iterable[Tile]:
         for start, stop in _tile_bounds(page_index.shape[1], pages_per_tile):
             tokens = (stop - start) * block_size
             kv = pages[page_index[:, start:stop]]  # [KVH, n, block_size, 2D]
-            kv = kv.reshape(num_kv_heads, tokens, 2 * head_size)
+            kv = kv.reshape(1, num_kv_heads, tokens, 2 * head_size)
             cols = slice(start * block_size, stop * block_size)
+            bias = mask[:, cols].view(1, 1, 1, q_len, tokens)
+            yield kv[..., :head_size], kv[..., head_size:], bias
 
-            def add_bias(s: torch.Tensor, cols: slice = cols, tokens: int = tokens) -> torch.Tensor:
-                s = s.view(num_kv_heads, groups, q_len, tokens) + mask[:, cols]
-                return s.view(num_kv_heads, rows, tokens)
-
-            yield kv[..., :head_size], kv[..., head_size:], add_bias
-
-    out = online_softmax(_fold_groups(q, num_kv_heads), tiles(), scale, logits_soft_cap, mask.dtype)
-    return _unfold_groups(out, q_len, q.dtype)
+    qf = _fold_groups(q, num_kv_heads).unsqueeze(0)
+    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype, groups, flash)
+    return _unfold_groups(out.squeeze(0), q_len, q.dtype)
