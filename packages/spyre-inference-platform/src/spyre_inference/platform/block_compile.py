@@ -180,7 +180,7 @@ class CompileReport:
     #: Dotted names of the compiled block lists (empty for ``"model"``).
     stacks: tuple[str, ...]
     #: Number of blocks compiled per block class (``{model class: 1}`` for
-    #: ``"model"``); keys are class ``__qualname__``.
+    #: ``"model"``); keys are class names.
     classes: dict[str, int]
     #: The ``forward`` code objects Dynamo holds compiled graphs for, by class.
     codes: dict[str, tuple[types.CodeType, ...]]
@@ -258,7 +258,7 @@ def compile_model(model: nn.Module, num_shapes: int = 1) -> CompileReport:
 
     if not stacks:
         model.compile(**COMPILE_KWARGS)
-        name = type(model).__qualname__
+        name = type(model).__name__
         # One graph per bucket (a few spare for a model with its own branches).
         raise_recompile_limit(num_shapes * 4)
         logger.info(
@@ -277,8 +277,8 @@ def compile_model(model: nn.Module, num_shapes: int = 1) -> CompileReport:
             # In place: the list entry stays the same module object.
             block.compile(**COMPILE_KWARGS)
             cls = type(block)
-            classes[cls.__qualname__] += 1
-            codes.setdefault(cls.__qualname__, _forward_codes(cls))
+            classes[cls.__name__] += 1
+            codes.setdefault(cls.__name__, _forward_codes(cls))
 
     hoisted = _layer_name_is_hoisted()
     if not hoisted:
