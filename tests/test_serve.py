@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import openai
 import pytest
 import requests
@@ -73,3 +79,41 @@ def test_bad_request_gets_4xx_and_server_keeps_serving(client) -> None:
         client.completions.create(model=MODEL_NAME, prompt="hi " * 1000, max_tokens=4)
     out = client.completions.create(model=MODEL_NAME, prompt="Hello", max_tokens=4)
     assert out.usage.completion_tokens == 4
+
+
+def test_openai_client_example(server, client, tmp_path) -> None:
+    """examples/openai_client.py on this server: models, chat (streamed or not), completion."""
+    out = tmp_path / "client.json"
+    script = Path(__file__).resolve().parent.parent / "examples" / "openai_client.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--base-url", server.url("/v1"), "--max-tokens", "8",
+         "--json-out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["models"] == [MODEL_NAME]
+    assert result["chat"] and result["streamed"] == result["chat"]
+    assert result["chat_tokens"] <= 8
+    expected = client.completions.create(
+        model=MODEL_NAME, prompt="The capital of France is", max_tokens=8, temperature=0
+    )
+    assert result["completion"] == expected.choices[0].text
+    assert f"completion: {result['completion']!r}" in done.stdout
+
+
+def _progress(pattern: str, log: str) -> list[int]:
+    """The ``i`` of every ``i/n`` progress line matching ``pattern``; checks they count 1..n."""
+    found = re.findall(pattern, log)
+    assert found, f"no progress line matches {pattern!r}"
+    total = int(found[0][1])
+    assert [int(i) for i, _ in found] == list(range(1, total + 1))
+    return [int(i) for i, _ in found]
+
+
+def test_warm_up_logs_progress(server) -> None:
+    """Start-up shows warm-up progress: counts and elapsed time per bucket and kernel variant."""
+    log = server.log()
+    elapsed = r"\d+\.\d s \(\d+\.\d s total"
+    _progress(rf"Warm-up (\d+)/(\d+): num_tokens=\d+: .* {elapsed}", log)
+    _progress(rf"Attention warm-up (\d+)/(\d+): .* in {elapsed}\)", log)
