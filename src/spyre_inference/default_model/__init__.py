@@ -25,7 +25,8 @@ template.
   know ``rope_parameters`` do not fall back to 10000), tied embeddings
   (no separate ``lm_head`` tensor) and the chat template.
 
-The command logs progress on stderr and prints the model folder as the last
+The command logs its four steps on stderr (``[i/4]``, with durations, and a
+"still running" line every 10 s inside a long one) and prints the model folder as the last
 line of stdout, so scripts can capture it::
 
     MODEL=$(spyre-prepare-default-model | tail -n 1)
@@ -48,6 +49,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from spyre_inference.default_model._progress import Steps
 from spyre_inference.default_model._version import __version__
 
 logger = logging.getLogger(__name__)
@@ -119,25 +121,33 @@ def is_prepared(path: str | os.PathLike[str]) -> bool:
     )
 
 
-def _convert(gguf: Path, out: Path) -> None:
+def _convert(gguf: Path, out: Path, steps: Steps) -> None:
     """Dequantize the GGUF with transformers and save a dense bfloat16 checkpoint."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-    logger.info("Loading the tokenizer and chat template from %s", gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    logger.info("Dequantizing %s (Q4_1) to bfloat16 (20-60 s)", gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent,
-        gguf_file=gguf.name,
-        quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
-        dtype=torch.bfloat16,
-    )
+    with steps.step(f"loading the tokenizer and chat template from {gguf.name}"):
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    with steps.step(f"dequantizing {gguf.name} (Q4_1) to bfloat16 (20-60 s)"):
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent,
+            gguf_file=gguf.name,
+            quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
+            dtype=torch.bfloat16,
+        )
+        tensors = model.state_dict()
+        logger.info(
+            "%d tensors, %.1f M parameters",
+            len(tensors),
+            sum(t.numel() for t in tensors.values()) / 1e6,
+        )
     tokenizer.model_max_length = model.config.max_position_embeddings
-    logger.info("Saving the dense checkpoint")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    _fix_config(out)
+    with steps.step("saving the dense checkpoint"):
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        _fix_config(out)
+        files = [f for f in out.iterdir() if f.is_file()]
+        logger.info("%d files, %.0f MB", len(files), sum(f.stat().st_size for f in files) / 1e6)
 
 
 def _fix_config(out: Path) -> None:
@@ -229,12 +239,13 @@ def prepare_default_model(
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     started = time.monotonic()
+    steps = Steps(logger, total=4)
     try:
         # vLLM's logger writes to stdout by default; keep stdout for the path.
         with contextlib.redirect_stdout(sys.stderr):
-            _convert(gguf, tmp)
-            logger.info("Checking the saved config with vLLM's config parser")
-            _verify(tmp)
+            _convert(gguf, tmp, steps)
+            with steps.step("checking the saved config with vLLM's config parser"):
+                _verify(tmp)
         seconds = time.monotonic() - started
         _write_marker(tmp, gguf, seconds)
         # mkdtemp creates 0700 and safetensors writes 0600: make the cache readable
