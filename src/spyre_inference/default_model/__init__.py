@@ -135,11 +135,11 @@ def _convert(gguf: Path, out: Path, steps: Steps) -> None:
             quantization_config=GgufConfig(gguf_file=gguf.name, dequantize=True),
             dtype=torch.bfloat16,
         )
-        tensors = model.state_dict()
+        params = list(model.parameters())  # tied embeddings counted once
         logger.info(
-            "%d tensors, %.1f M parameters",
-            len(tensors),
-            sum(t.numel() for t in tensors.values()) / 1e6,
+            "%d weight tensors, %.1f M parameters",
+            len(params),
+            sum(p.numel() for p in params) / 1e6,
         )
     tokenizer.model_max_length = model.config.max_position_embeddings
     with steps.step("saving the dense checkpoint"):
