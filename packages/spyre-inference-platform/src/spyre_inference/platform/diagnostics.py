@@ -159,18 +159,22 @@ def host_report() -> dict[str, Any]:
     }
 
 
+def _is_torch_default_cache(path: str | None) -> bool:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return path is not None and os.path.abspath(path) == os.path.abspath(default_cache_dir())
+
+
 def inductor_cache_report(env: dict[str, str | None]) -> str:
     """Where compiled graphs will be cached, decided as ``block_compile`` decides it.
 
     A ``TORCHINDUCTOR_CACHE_DIR`` equal to torch's own default counts as unset
     (torch writes its default into the variable when first asked for it).
     """
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-
     from spyre_inference.platform.block_compile import default_inductor_cache_dir
 
     current = env.get("TORCHINDUCTOR_CACHE_DIR")
-    if current is None or os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+    if current is None or _is_torch_default_cache(current):
         return f"{default_inductor_cache_dir()} (the plugin's default)"
     return f"{current} (TORCHINDUCTOR_CACHE_DIR)"
 
@@ -231,7 +235,10 @@ def render(report: dict[str, Any]) -> str:
         add(f"  {row['name']:<28} = {row['raw']!r:<14} {row['source']:<11} -> {shown!r}")
     add("== related environment")
     for name, value in report["related_env"].items():
-        add(f"  {name:<32} {'(unset)' if value is None else repr(value)}")
+        shown = "(unset)" if value is None else repr(value)
+        if name == "TORCHINDUCTOR_CACHE_DIR" and _is_torch_default_cache(value):
+            shown += " (torch's default, set by torch itself: counts as unset)"
+        add(f"  {name:<32} {shown}")
     add(f"  compiled graphs are cached in {report['inductor_cache']}")
     add("== host")
     for key, value in report["host"].items():
