@@ -17,6 +17,7 @@ UPSTREAM_SWAPPED = frozenset(
         "VocabParallelEmbedding",
         "RotaryEmbedding",
         "Llama3RotaryEmbedding",
+        "RMSNorm",
         "GemmaRMSNorm",
         "GateLinear",
     }

@@ -1,5 +1,7 @@
 """End to end: head_dim 32 and intermediate_size 344 are stick-padded and still exact.
 
+Qwen3 adds per-head q/k norms on the padded heads (``ops.head_norm``).
+
 Tiny Llama (``head_dim=32``: its scale is derived from head_dim, so the
 attention backend must keep ``32 ** -0.5``) and Granite (head size
 ``hidden / heads = 32``, scale from ``attention_multiplier``), both with
@@ -30,10 +32,13 @@ OVERRIDES = {
     "llama": {"head_dim": 32, "intermediate_size": 344},
     # Granite has no head_dim field: 256 / 8 heads = 32.
     "granite": {"num_attention_heads": 8, "num_key_value_heads": 2, "intermediate_size": 344},
+    # Qwen3 normalizes each Q/K head (q_norm/k_norm) before RoPE: the per-head
+    # norm must load its 32-wide weight into the padded head and average over 32.
+    "qwen3": {"head_dim": 32, "intermediate_size": 344},
 }
 
 
-@pytest.mark.parametrize("kind", ["llama", "granite"])
+@pytest.mark.parametrize("kind", ["llama", "granite", "qwen3"])
 def test_padded_model_greedy_equals_hf(kind, tiny_model_factory, make_llm):  # noqa: F811
     model = tiny_model_factory(kind, **OVERRIDES[kind])
     llm = make_llm(model, dtype="float32", enforce_eager=True)
@@ -47,7 +52,7 @@ def test_padded_model_greedy_equals_hf(kind, tiny_model_factory, make_llm):  # n
             "head_size": m.model.layers[0].self_attn.attn.head_size,
         }
     )
-    heads, kv_heads = (4, 2) if kind == "llama" else (8, 2)
+    heads, kv_heads = (8, 2) if kind == "granite" else (4, 2)
     assert shapes == {
         "qkv": (256, (heads + 2 * kv_heads) * 64),
         "o": (heads * 64, 256),

@@ -16,6 +16,7 @@ EXPECTED_SWAPS = {
     "VocabParallelEmbedding": "SpyreVocabParallelEmbedding",
     "RotaryEmbedding": "SpyreRotaryEmbedding",
     "Llama3RotaryEmbedding": "SpyreLlama3RotaryEmbedding",
+    "RMSNorm": "SpyreRMSNorm",
     "GemmaRMSNorm": "SpyreGemmaRMSNorm",
     "GateLinear": "SpyreGateLinear",
 }

@@ -33,6 +33,7 @@ _EXPORTS = {
     "SpyreRotaryEmbedding": "rotary",
     "SpyreLlama3RotaryEmbedding": "rotary",
     "SpyreGemmaRMSNorm": "gemma_norm",
+    "SpyreRMSNorm": "head_norm",
     "SpyreGateLinear": "gate_linear",
     "spyre_convert": "convert",
 }

@@ -18,6 +18,7 @@ import torch
 from vllm.model_executor.layers.layernorm import GemmaRMSNorm
 
 from spyre_inference.ops._oot import spyre_oot
+from spyre_inference.ops.head_norm import HeadPaddedNorm
 
 
 def gemma_rms_norm_native_dtype(
@@ -25,19 +26,35 @@ def gemma_rms_norm_native_dtype(
     weight: torch.Tensor,
     eps: float,
     residual: torch.Tensor | None = None,
+    variance_width: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Gemma RMSNorm (``x * rsqrt(mean(x^2) + eps) * (1 + w)``) in ``x.dtype``."""
+    """Gemma RMSNorm (``x * rsqrt(mean(x^2) + eps) * (1 + w)``) in ``x.dtype``.
+
+    ``variance_width``: average ``x^2`` over this many lanes instead of all of
+    them (a per-head norm of a stick-padded head, whose extra lanes are zero).
+    """
     if residual is not None:
         x = x + residual
         residual = x
-    variance = x.pow(2).mean(dim=-1, keepdim=True)
+    if variance_width is None:
+        variance = x.pow(2).mean(dim=-1, keepdim=True)
+    else:
+        variance = x.pow(2).sum(dim=-1, keepdim=True) / variance_width
     out = x * torch.rsqrt(variance + eps) * (1.0 + weight.to(x.dtype))
     return out if residual is None else (out, residual)
 
 
 @spyre_oot(GemmaRMSNorm)
-class SpyreGemmaRMSNorm(GemmaRMSNorm):
-    """``GemmaRMSNorm`` whose body never leaves the activation dtype."""
+class SpyreGemmaRMSNorm(HeadPaddedNorm, GemmaRMSNorm):
+    """``GemmaRMSNorm`` whose body never leaves the activation dtype.
+
+    Also exact as Gemma 3's per-head ``q_norm``/``k_norm`` of a stick-padded
+    head (see :mod:`spyre_inference.ops.head_norm`).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._watch_head_padding()
 
     def dispatch_forward(self, compile_native: bool = False) -> Any:
         # vLLM routes a disabled custom op to forward_native (upstream's
@@ -48,7 +65,9 @@ class SpyreGemmaRMSNorm(GemmaRMSNorm):
     def forward_oot(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return gemma_rms_norm_native_dtype(x, self.weight, self.variance_epsilon, residual)
+        return gemma_rms_norm_native_dtype(
+            x, self.weight, self.variance_epsilon, residual, self.variance_width
+        )
 
 
 __all__ = ["SpyreGemmaRMSNorm", "gemma_rms_norm_native_dtype"]

@@ -25,6 +25,7 @@ LAYER_MODULES = (
     "spyre_inference.ops.logits",
     "spyre_inference.ops.embedding",
     "spyre_inference.ops.rotary",
+    "spyre_inference.ops.head_norm",
     "spyre_inference.ops.gemma_norm",
     "spyre_inference.ops.gate_linear",
 )
