@@ -40,6 +40,11 @@ nox.options.sessions = ["test"]
 
 #: Same ruff as the dev venv, so CI and local formatting agree.
 RUFF = "ruff==0.17.6"
+#: The docs site's tools, pinned. A light venv (~130 MB): no torch, no vLLM; the
+#: settings reference is generated from settings.py loaded as a plain file.
+DOCS_REQUIREMENTS = ("mkdocs==1.6.1", "mkdocs-material==9.8.1", "pytest>=8")
+#: What checks built release artifacts (twine check + tools/release_check.py).
+RELEASE_REQUIREMENTS = ("twine==7.0.0", "packaging>=24")
 
 #: session name -> distribution; import name is spyre_inference.<session name>.
 PACKAGES = {
@@ -184,7 +189,7 @@ def _dist_session(
             f"install of {dist}[test] took {result.install_s:.1f} s into a "
             f"{'new' if fresh else 'reused'} venv {venv}"
         )
-        targets = [dist] if dist != ROOT_DIST else list(PACKAGES.values())
+        targets = [dist] if dist != ROOT_DIST else [ROOT_DIST, *PACKAGES.values()]
         _check_entry_points(session, python, targets, env)
         _pytest(session, venv, tests_dir, env, result)
 
@@ -250,12 +255,126 @@ def _summary_at_exit() -> None:
 atexit.register(_summary_at_exit)
 
 
-@nox.session(venv_backend="none", requires=["lint", *PACKAGES, "e2e"])
+def _light_venv(label: str, requirements: tuple[str, ...]):
+    """A small reusable venv (no torch, no vLLM) holding ``requirements``."""
+    material = {**se.key_material(list(requirements), None, ()), "torch": None, "constraints": None}
+    return se.reusable_venv(label, material)
+
+
+@nox.session(venv_backend="none")
+def docs(session: nox.Session) -> None:
+    """Build the documentation site with mkdocs --strict into site/, then check it
+    (tools/docs/test_docs.py: nav pages exist, every setting in the reference)."""
+    result = RESULTS["docs"] = Result(status="FAILED")
+    with _light_venv("docs", DOCS_REQUIREMENTS) as (venv, fresh):
+        result.venv = f"{venv.name} ({'new' if fresh else 'reused'})"
+        t0 = time.monotonic()
+        if fresh:
+            se.uv_install(se.venv_python(venv), list(DOCS_REQUIREMENTS), pin_torch=False)
+        result.install_s = time.monotonic() - t0
+        site = ROOT / "site"
+        t0 = time.monotonic()
+        # --strict: any warning (a broken link, a nav entry without a page, a page
+        # missing from the nav) fails the build.
+        session.run(
+            str(venv / "bin" / "mkdocs"), "build", "--strict", "--clean",
+            "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site),
+            # mkdocs-material's end-of-life banner is not about this site.
+            env={"NO_MKDOCS_2_WARNING": "1"}, external=True,
+        )  # fmt: skip
+        build_s = time.monotonic() - t0
+        env = {
+            "SPYRE_DOCS_SITE": str(site),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            # The root pytest config names plugins (timeout, asyncio) this venv lacks.
+            "PYTEST_ADDOPTS": "-W ignore::pytest.PytestConfigWarning",
+        }
+        _pytest(session, venv, ROOT / "tools" / "docs", env, result)
+        result.test_s += build_s
+        session.log(f"site built in {build_s:.1f} s: {site / 'index.html'}")
+
+
+def _build_release_artifacts(session: nox.Session, out: Path) -> None:
+    """An sdist of every distribution, then its wheel built from that sdist (as an
+    installer building from the sdist would), with hatchling from the bootstrap venv."""
+    with tempfile.TemporaryDirectory(prefix="spyre-release-") as tmp:
+        for dist in se.local_dists().values():
+            with session.chdir(dist.path):
+                session.run(
+                    sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(out),
+                    external=True, silent=True,
+                )  # fmt: skip
+            sdist = out / f"{dist.name.replace('-', '_')}-{dist.version}.tar.gz"
+            shutil.unpack_archive(sdist, tmp)
+            with session.chdir(Path(tmp) / sdist.name.removesuffix(".tar.gz")):
+                session.run(
+                    sys.executable, "-m", "hatchling", "build", "-t", "wheel", "-d", str(out),
+                    external=True, silent=True,
+                )  # fmt: skip
+
+
+def _fresh_venv_install_check(session: nox.Session, out: Path) -> None:
+    """Each built wheel alone in a brand-new venv (torch + vLLM + the wheel and the
+    siblings it declares, resolved from ``out``), then its entry points by group."""
+    arts = se.ensure_vllm()
+    for dist in se.local_dists().values():
+        with tempfile.TemporaryDirectory(prefix="spyre-fresh-") as tmp:
+            venv = Path(tmp) / "venv"
+            se.create_venv(venv)
+            python = se.venv_python(venv)
+            se.uv_install(
+                python, [arts.wheel, f"{dist.name}=={dist.version}"], extra_find_links=[out]
+            )
+            se.verify_install(python, se.closure(dist.name, se.local_dists()), se.local_dists())
+            session.run(
+                str(python), str(ROOT / "tools" / "spyre_env.py"), "check-dist", dist.name,
+                env={"VIRTUAL_ENV": str(venv), "HF_HUB_OFFLINE": "1"}, external=True,
+            )  # fmt: skip
+
+
+@nox.session(venv_backend="none")
+def release(session: nox.Session) -> None:
+    """Build every sdist and wheel into dist/ and check them: twine check --strict and
+    tools/release_check.py (names, versions, requirements, sibling ranges, entry
+    points, contents, changelog). ``-- --final`` also refuses changelogs marked
+    unreleased; ``-- --fresh-venvs`` installs each wheel alone into a new venv with
+    vLLM and checks its entry points (minutes; not part of ``test``)."""
+    result = RESULTS["release"] = Result(status="FAILED")
+    unknown = set(session.posargs) - {"--final", "--fresh-venvs"}
+    if unknown:
+        session.error(f"unknown arguments {sorted(unknown)}: use --final, --fresh-venvs")
+    out = ROOT / "dist"
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    t0 = time.monotonic()
+    _build_release_artifacts(session, out)
+    result.install_s = time.monotonic() - t0
+    session.log(f"built {len(list(out.iterdir()))} artifacts in {result.install_s:.1f} s: {out}")
+    with _light_venv("release", RELEASE_REQUIREMENTS) as (venv, fresh):
+        result.venv = f"{venv.name} ({'new' if fresh else 'reused'})"
+        if fresh:
+            se.uv_install(se.venv_python(venv), list(RELEASE_REQUIREMENTS), pin_torch=False)
+        t0 = time.monotonic()
+        artifacts = [str(p) for p in sorted(out.iterdir())]
+        session.run(str(venv / "bin" / "twine"), "check", "--strict", *artifacts, external=True)
+        final = ["--final"] if "--final" in session.posargs else []
+        session.run(
+            str(se.venv_python(venv)), str(ROOT / "tools" / "release_check.py"), str(out),
+            *final, external=True,
+        )  # fmt: skip
+        if "--fresh-venvs" in session.posargs:
+            _fresh_venv_install_check(session, out)
+        result.test_s = time.monotonic() - t0
+    result.status = "passed"
+
+
+@nox.session(venv_backend="none", requires=["lint", "docs", "release", *PACKAGES, "e2e"])
 def test(session: nox.Session) -> None:
-    """Everything CI needs: lint, each package alone, then end to end."""
+    """Everything CI needs: lint, the docs, the release artifacts, each package alone,
+    then end to end."""
     _flags["summarised"] = True
     session.log("summary:\n" + "\n".join(_summary()))
-    ran = sum(r.ran for n, r in RESULTS.items() if n != "lint")
+    ran = sum(r.ran for n, r in RESULTS.items() if n not in ("lint", "docs", "release"))
     if ran == 0:
         session.error(
             "no test ran in any session (every package reports no tests or nothing "

@@ -626,20 +626,31 @@ def check_dists(dists: Sequence[str]) -> None:
         check_dist(dist)
 
 
+#: Import name of each distribution whose module is not ``spyre_inference.<suffix>``.
+MODULE_OF = {LOCAL_PREFIX: "spyre_inference.default_model"}
+
+
 def check_dist(dist: str) -> None:
-    """Import a sub-package and load every entry point it publishes (run by the
-    venv's own python): proves vLLM and the core can reach it with only its declared
-    dependencies installed."""
+    """Import a distribution and check every entry point it declares (run by the venv's
+    own python): each is found by group, the way vLLM and the core look them up
+    (``importlib.metadata.entry_points(group=...)``), and loads. Proves vLLM and the
+    core can reach it with only its declared dependencies installed."""
     import importlib
     import importlib.metadata as md
 
     meta = md.distribution(dist)
-    module = "spyre_inference." + dist.removeprefix(LOCAL_PREFIX + "-")
+    module = MODULE_OF.get(dist, "spyre_inference." + dist.removeprefix(LOCAL_PREFIX + "-"))
     importlib.import_module(module)
     print(f"{dist} {meta.version}: import {module} ok")
     for ep in meta.entry_points:
+        found = [e for e in md.entry_points(group=ep.group) if e.name == ep.name]
+        if [e.value for e in found] != [ep.value]:
+            raise SystemExit(
+                f"{dist}: entry point [{ep.group}] {ep.name} = {ep.value} is found by group "
+                f"as {[e.value for e in found]} (another distribution declares the same name?)"
+            )
         ep.load()
-        print(f"  entry point [{ep.group}] {ep.name} = {ep.value}: loads")
+        print(f"  entry point [{ep.group}] {ep.name} = {ep.value}: found by group, loads")
 
 
 # --------------------------------------------------------------------------- CLI
