@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformers import AutoConfig
 from vllm.engine.arg_utils import EngineArgs
 
 from spyre_inference.platform import device, settings
 from spyre_inference.platform.platform import TorchSpyrePlatform
+from spyre_inference.platform.testing.models import save_config_only, tiny_config
 
 
 @pytest.fixture(autouse=True)
@@ -26,20 +28,70 @@ def _config(model, **kwargs):
     return EngineArgs(model=str(model), max_model_len=256, **kwargs).create_engine_config()
 
 
+def _small(model_type: str, architecture: str, **fields):
+    """An HF config of another architecture, small (no weights are ever built)."""
+    return AutoConfig.for_model(model_type, vocab_size=1024, architectures=[architecture], **fields)
+
+
+@pytest.fixture(scope="module")
+def config_only(tmp_path_factory):
+    """Model folders without weights, for the checks that read only the config."""
+    base = tmp_path_factory.mktemp("config-only")
+    configs = {
+        # Cohere: full-head RoPE, but built GPT-J-style (is_neox_style=False) by vLLM.
+        "interleaved_rope": _small(
+            "cohere",
+            "CohereForCausalLM",
+            hidden_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=512,
+        ),
+        "partial_rope": tiny_config(
+            "llama",
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.5,
+            },
+        ),
+        # BLOOM: ALiBi, head_dim = hidden_size / n_head.
+        "alibi": _small("bloom", "BloomForCausalLM", hidden_size=256, n_layer=2, n_head=4),
+        "odd_head": _small("bloom", "BloomForCausalLM", hidden_size=252, n_layer=2, n_head=4),
+    }
+    return {name: save_config_only(cfg, base / name) for name, cfg in configs.items()}
+
+
 def test_data_parallel_is_rejected(tiny_llama) -> None:
     with pytest.raises(ValueError, match=r"data_parallel_size=2 .*Remove --data-parallel-size"):
         _config(tiny_llama, data_parallel_size=2)
 
 
-def test_kv_cache_dtype_other_than_model_dtype_is_rejected(tiny_llama) -> None:
-    with pytest.raises(ValueError, match=r"--kv-cache-dtype fp8 is not supported"):
-        _config(tiny_llama, kv_cache_dtype="fp8")
+@pytest.mark.parametrize(
+    ("kv_dtype", "expected"),
+    [
+        # The plugin's rule: the Spyre KV cache is kept in the model dtype.
+        ("fp8", r"--kv-cache-dtype fp8 is not supported.*Remove --kv-cache-dtype or set it to"),
+        # A real dtype that is not the model's (tiny_llama is bfloat16): vLLM's own
+        # check, which already names the flag and the fix, answers first.
+        ("float16", r"kv_cache_dtype=\"float16\" is incompatible.*`--kv-cache-dtype` to `auto`"),
+    ],
+)
+def test_kv_cache_dtype_other_than_model_dtype_is_rejected(tiny_llama, kv_dtype, expected) -> None:
+    with pytest.raises(ValueError, match=expected):
+        _config(tiny_llama, kv_cache_dtype=kv_dtype)
 
 
 def test_dtype_outside_the_target_is_rejected(tiny_llama) -> None:
-    # float64 never reaches the platform: vLLM's own validation refuses it.
-    with pytest.raises(ValueError, match="dtype"):
+    # The CLI's string never reaches the platform: vLLM's own validation
+    # refuses it and lists the names it accepts.
+    with pytest.raises(ValueError, match=r"(?s)dtype.*Input should be 'auto', 'half', 'float16'"):
         _config(tiny_llama, dtype="float64")
+    # A torch dtype (Python API) reaches the cpu target's rule.
+    expected = r"--dtype float64 is not supported on the cpu target.*one of bfloat16, float16"
+    with pytest.raises(ValueError, match=expected):
+        _config(tiny_llama, dtype=torch.float64)
     # The spyre target's rule (float16 only), checked by the same code the
     # platform runs at start-up on a card.
     with pytest.raises(ValueError, match=r"--dtype bfloat16 is not supported on the spyre target"):
@@ -57,10 +109,75 @@ def test_block_size_default_and_rounding(tiny_llama) -> None:
     assert _config(tiny_llama, block_size=64).cache_config.block_size == 64
 
 
-def test_unknown_setting_value_names_the_variable(tiny_llama, monkeypatch) -> None:
-    monkeypatch.setenv("SPYRE_ATTN_KV_LAYOUT", "diagonal")
+#: An unknown value for every plugin setting; a setting added to
+#: spyre_inference.platform.settings without one here fails the test below.
+INVALID_SETTING_VALUES = {
+    "SPYRE_DEVICE_TARGET": "gpu",
+    "SPYRE_COMPILE_GRANULARITY": "layer",
+    "SPYRE_NUM_TOKENS_BUCKETS": "16,big",
+    "SPYRE_ATTN_KV_LAYOUT": "diagonal",
+    "SPYRE_ATTN_RECORD": "sometimes",
+    "SPYRE_BATCHED_DECODE": "2",
+    "SPYRE_ATTN_NUM_SEQS_BUCKETS": "0,8",
+    "SPYRE_ATTN_MAX_CORES": "-4",
+    "SPYRE_DEFAULT_MODEL_DIR": "{a_file}",
+}
+
+
+@pytest.mark.parametrize("name", [s.name for s in settings.SETTINGS])
+def test_unknown_setting_value_names_the_variable_and_the_fix(
+    tiny_llama, monkeypatch, tmp_path, name
+) -> None:
+    assert name in INVALID_SETTING_VALUES, f"add an invalid example of {name} to this test"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    value = INVALID_SETTING_VALUES[name].format(a_file=a_file)
+    monkeypatch.setenv(name, value)
     settings.reset_cache()
-    with pytest.raises(ValueError, match=r"SPYRE_ATTN_KV_LAYOUT='diagonal' .*token_major"):
+    device.reset_for_tests()
+    with pytest.raises(ValueError) as err:
+        _config(tiny_llama)
+    message = str(err.value)
+    assert f"{name}={value!r}" in message
+    assert "use one of" in message or "Unset it to use the default" in message, message
+
+
+def test_interleaved_rope_is_rejected(config_only) -> None:
+    expected = r"CohereForCausalLM .*is_neox_style=False.*serve a model with neox-style RoPE"
+    with pytest.raises(ValueError, match=expected):
+        _config(config_only["interleaved_rope"])
+
+
+def test_partial_rope_is_rejected(config_only) -> None:
+    expected = r"partial_rotary_factor=0.5 .*serve a model with neox-style RoPE over the full"
+    with pytest.raises(ValueError, match=expected):
+        _config(config_only["partial_rope"])
+
+
+def test_head_size_that_cannot_be_padded_is_rejected(config_only) -> None:
+    with pytest.raises(ValueError, match=r"head_dim=63 .*serve a model whose head_dim is even"):
+        _config(config_only["odd_head"])
+
+
+def test_head_major_layout_with_alibi_is_rejected(config_only, monkeypatch) -> None:
+    _config(config_only["alibi"])  # the token-major layout serves ALiBi
+    monkeypatch.setenv("SPYRE_ATTN_KV_LAYOUT", "head_major")
+    settings.reset_cache()
+    expected = r"SPYRE_ATTN_KV_LAYOUT=head_major cannot serve BloomForCausalLM.*ALiBi.*token_major"
+    with pytest.raises(ValueError, match=expected):
+        _config(config_only["alibi"])
+
+
+def test_head_major_layout_with_batched_decode_is_rejected(tiny_llama, monkeypatch) -> None:
+    monkeypatch.setenv("SPYRE_ATTN_KV_LAYOUT", "head_major")
+    settings.reset_cache()
+    _config(tiny_llama)  # the default (on) is not a request: head-major decodes per sequence
+    monkeypatch.setenv("SPYRE_BATCHED_DECODE", "1")
+    settings.reset_cache()
+    expected = (
+        r"SPYRE_BATCHED_DECODE=1 is not available with SPYRE_ATTN_KV_LAYOUT=head_major.*Unset"
+    )
+    with pytest.raises(ValueError, match=expected):
         _config(tiny_llama)
 
 

@@ -16,8 +16,9 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from spyre_inference.platform import device as dev
-from spyre_inference.platform import discovery, settings, stick_pad
+from spyre_inference.platform import discovery, settings, startup_checks, stick_pad
 from spyre_inference.platform.logs import get_logger
+from spyre_inference.platform.startup_checks import ConfigError
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -39,20 +40,6 @@ WORKER_QUALNAME = "spyre_inference.platform.worker.TorchSpyreWorker"
 BASE_COMMUNICATOR = (
     "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
 )
-
-
-def _ops_installed() -> bool:
-    """Whether the ops package's general plugin will load (installed and not filtered)."""
-    from importlib.metadata import entry_points
-
-    allowed = os.environ.get("VLLM_PLUGINS")
-    if allowed is not None and "spyre_ops" not in allowed.split(","):
-        return False
-    return any(ep.name == "spyre_ops" for ep in entry_points(group="vllm.general_plugins"))
-
-
-class ConfigError(ValueError):
-    """A configuration the plugin cannot serve; raised at start-up."""
 
 
 class TorchSpyrePlatform(Platform):
@@ -220,21 +207,11 @@ class TorchSpyrePlatform(Platform):
                 f"pipeline_parallel_size={parallel.pipeline_parallel_size} is not supported "
                 "by spyre-inference; use --tensor-parallel-size instead."
             )
-        if parallel.tensor_parallel_size > 1 and "spyre" not in discovery.available(
-            discovery.COMMUNICATORS_GROUP
-        ):
-            raise discovery.MissingPackageError(
-                f"tensor_parallel_size={parallel.tensor_parallel_size} needs the device "
-                "communicator from 'spyre-inference-comms', which is not installed. "
-                "pip install spyre-inference-comms (or the full set, spyre-inference)."
-            )
         # Fail here, in the process the user started, rather than in an
         # engine subprocess whose traceback only reaches the log.
-        discovery.resolve_qualname(
-            discovery.ATTENTION_BACKENDS_GROUP,
-            settings.get("SPYRE_ATTN_KV_LAYOUT"),
-            "the attention backend",
-        )
+        startup_checks.check_head_size(vllm_config)
+        startup_checks.check_packages(vllm_config)
+        startup_checks.run_package_checks(vllm_config)
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_QUALNAME
         # The engine's mp executor must spawn, not fork: the parent may hold
@@ -255,7 +232,7 @@ class TorchSpyrePlatform(Platform):
                     "or set it to auto."
                 )
 
-        if _ops_installed():
+        if discovery.general_plugin_enabled("spyre_ops"):
             # Head and MLP widths become whole sticks before the model is built;
             # the ops package's weight loaders zero-pad the checkpoint to match.
             stick_pad.widen_config(vllm_config)

@@ -68,6 +68,14 @@ def _int_list(raw: str) -> tuple[int, ...]:
     return values
 
 
+def _folder(raw: str) -> str:
+    """A folder path ('' meaning "the default"); an existing file is refused."""
+    path = os.path.expanduser(raw)
+    if raw and os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError("it is a file, not a folder")
+    return raw
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SPYRE_DEVICE_TARGET",
@@ -137,6 +145,7 @@ SETTINGS: tuple[Setting, ...] = (
         "dense checkpoint by `spyre-prepare-default-model`). Empty: "
         "`$XDG_CACHE_HOME/spyre-inference/models/smollm2-135m-instruct` "
         "(`~/.cache/...` when XDG_CACHE_HOME is unset).",
+        parse=_folder,
     ),
 )
 

@@ -133,6 +133,34 @@ def current_plan() -> StickPadPlan | None:
     return plan_from_config(get_current_vllm_config_or_none())
 
 
+def _widened(model_config: Any) -> bool:
+    """Whether :func:`widen_config` pads this model's widths at all (see there)."""
+    return model_config is not None and getattr(model_config, "runner_type", None) in (
+        "generate",
+        "draft",
+    )
+
+
+def head_dim_to_pad(vllm_config: VllmConfig) -> int | None:
+    """The head dimension :func:`widen_config` would pad, or ``None`` when it is whole sticks.
+
+    Read before widening, so start-up checks can refuse a head that cannot be
+    padded (odd) or that nothing will pad (the ops package is not loaded).
+    Quantized checkpoints keep their widths (the padding loaders rewrite plain
+    weight tensors only) and MLA has no per-head dimension to pad.
+    """
+    model_config = vllm_config.model_config
+    if (
+        plan_from_config(vllm_config) is not None
+        or not _widened(model_config)
+        or model_config.quantization is not None
+        or model_config.use_mla
+    ):
+        return None
+    head_dim = model_config.get_head_size()
+    return head_dim if head_dim % STICK_ELEMS else None
+
+
 def widen_config(vllm_config: VllmConfig) -> StickPadPlan | None:
     """Widen the model config to whole sticks and record the plan (idempotent).
 
@@ -147,10 +175,7 @@ def widen_config(vllm_config: VllmConfig) -> StickPadPlan | None:
     if existing is not None:
         return existing
     model_config = vllm_config.model_config
-    if model_config is None or getattr(model_config, "runner_type", None) not in (
-        "generate",
-        "draft",
-    ):
+    if not _widened(model_config):
         return None
     if not isinstance(vllm_config.additional_config, dict):
         raise ValueError(
@@ -223,6 +248,7 @@ __all__ = [
     "StickPadPlan",
     "attention_scale",
     "current_plan",
+    "head_dim_to_pad",
     "plan_for",
     "plan_from_config",
     "widen_config",

@@ -41,24 +41,17 @@ from spyre_inference.attention.backends.token_major import (
     _SlotIndexCache,
     host_slots,
 )
+from spyre_inference.attention.config_checks import HeadMajorConfigError, check_batched_decode
 from spyre_inference.platform import device as placement
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 
-class HeadMajorConfigError(ValueError):
-    """A setting asks the head-major layout for something it does not have."""
-
-
 def validate_head_major_config(vllm_config: VllmConfig | None = None) -> None:
-    """Fail at start-up when the settings ask the head-major layout for batched decode."""
-    if policy.explicitly_set("SPYRE_BATCHED_DECODE") and policy.batched_decode_requested():
-        raise HeadMajorConfigError(
-            "SPYRE_BATCHED_DECODE=1 is not available with SPYRE_ATTN_KV_LAYOUT=head_major: "
-            "the batched-decode kernel gathers whole token-major pages. Unset "
-            "SPYRE_BATCHED_DECODE (or set it to 0), or use SPYRE_ATTN_KV_LAYOUT=token_major."
-        )
+    """Refuse an explicit batched-decode request (also checked at start-up, see
+    :mod:`spyre_inference.attention.config_checks`; this is the layer-build backstop)."""
+    check_batched_decode()
 
 
 class SpyreHeadMajorMetadataBuilder(SpyreAttentionMetadataBuilder):

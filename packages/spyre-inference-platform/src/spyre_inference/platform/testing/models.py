@@ -396,6 +396,20 @@ def build_tiny_model(
     return out
 
 
+def save_config_only(config: Any, out_dir: str | os.PathLike[str]) -> Path:
+    """A model folder with ``config.json`` and the test tokenizer but no weights.
+
+    Enough for ``EngineArgs(...).create_engine_config()``, which reads the
+    config and never the weights: start-up checks can be tested on
+    architectures and settings the tiny builders do not cover, in milliseconds.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    save_tokenizer(out, "decoder")
+    return out
+
+
 def _usable_positions(config: Any, spec: TinyModelKind) -> int:
     if spec.model_type == "roberta":
         return config.max_position_embeddings - config.pad_token_id - 1

@@ -1,0 +1,113 @@
+"""Start-up checks: refuse a configuration the plugin cannot serve, before anything loads.
+
+The platform runs these from ``check_and_update_config``, in the process the
+user started (``vllm serve`` or ``LLM(...)``), before an engine process is
+spawned or a weight is read: an error raised later, in the engine process,
+reaches the user only as "Engine core initialization failed" with the cause
+buried in the log. Every message names the setting that is wrong and says what
+to do instead.
+
+The core knows its own rules (parallelism, dtype, KV-cache dtype, settings) and
+which sub-package a configuration needs. Rules that belong to a sub-package
+(RoPE forms the ops package can rotate, what the head-major attention layout
+supports) are published by that package in the entry-point group
+:data:`~spyre_inference.platform.discovery.CONFIG_CHECKS_GROUP` and run here
+too, so the core never imports a sub-package by name.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spyre_inference.platform import discovery, settings, stick_pad
+from spyre_inference.platform.device import STICK_ELEMS
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+
+class ConfigError(ValueError):
+    """A configuration the plugin cannot serve; raised at start-up."""
+
+
+def check_head_size(vllm_config: VllmConfig) -> None:
+    """A head dimension the plugin cannot pad to whole sticks is refused."""
+    head_dim = stick_pad.head_dim_to_pad(vllm_config)
+    if head_dim is not None and head_dim % 2:
+        raise ConfigError(
+            f"head_dim={head_dim} (the model's config.json) cannot be padded to the "
+            f"{STICK_ELEMS}-element Spyre stick: the padding is inserted after each "
+            "half of the neox rotary layout, which needs two equal halves. spyre-inference "
+            "cannot serve this model; serve a model whose head_dim is even."
+        )
+
+
+def missing_packages(vllm_config: VllmConfig) -> list[str]:
+    """What this configuration needs from sub-packages that vLLM will not load."""
+    missing: list[str] = []
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size > 1 and "spyre" not in discovery.available(
+        discovery.COMMUNICATORS_GROUP
+    ):
+        missing.append(
+            f"tensor_parallel_size={parallel.tensor_parallel_size} needs the device "
+            "communicator from 'spyre-inference-comms', which is not installed. "
+            "pip install spyre-inference-comms (or the full set, spyre-inference)."
+        )
+    try:
+        discovery.resolve_qualname(
+            discovery.ATTENTION_BACKENDS_GROUP,
+            settings.get("SPYRE_ATTN_KV_LAYOUT"),
+            "the attention backend",
+        )
+    except discovery.MissingPackageError as exc:
+        missing.append(str(exc))
+
+    head_dim = stick_pad.head_dim_to_pad(vllm_config)
+    if head_dim is not None and not discovery.general_plugin_enabled("spyre_ops"):
+        missing.append(
+            f"head_dim={head_dim} is not a multiple of the {STICK_ELEMS}-element "
+            "Spyre stick; the ops package (general plugin spyre_ops) pads it, and the "
+            "attention backends accept only whole sticks. To fix: "
+            f"{discovery.how_to_enable('spyre_ops')}."
+        )
+    model_config = vllm_config.model_config
+    if (
+        model_config is not None
+        and model_config.get_num_experts() > 0
+        and not discovery.general_plugin_enabled("spyre_models")
+    ):
+        missing.append(
+            f"{model_config.architecture} is a mixture-of-experts model; its experts run "
+            "through the out-of-tree MoE method of the models package (general plugin "
+            "spyre_models), vLLM's own needs compiled kernels that do not exist here. "
+            f"To fix: {discovery.how_to_enable('spyre_models')}."
+        )
+    return missing
+
+
+def check_packages(vllm_config: VllmConfig) -> None:
+    """Fail naming every missing sub-package at once (one restart fixes them all)."""
+    missing = missing_packages(vllm_config)
+    if len(missing) == 1:
+        raise discovery.MissingPackageError(missing[0])
+    if missing:
+        raise discovery.MissingPackageError(
+            "spyre-inference needs sub-packages that are not loaded:\n"
+            + "\n".join(f"  - {m}" for m in missing)
+        )
+
+
+def run_package_checks(vllm_config: VllmConfig) -> None:
+    """The checks the installed sub-packages publish (entry-point group config_checks)."""
+    for check in discovery.config_checks().values():
+        check(vllm_config)
+
+
+__all__ = [
+    "ConfigError",
+    "check_head_size",
+    "check_packages",
+    "missing_packages",
+    "run_package_checks",
+]
