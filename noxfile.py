@@ -55,6 +55,8 @@ PACKAGES = {
     "comms": "spyre-inference-comms",
 }
 ROOT_DIST = "spyre-inference"
+#: One junit XML per test session, left for tools/support_matrix.py.
+JUNIT_DIR = ROOT / "build" / "junit"
 
 
 @dataclasses.dataclass
@@ -140,24 +142,26 @@ def _pytest(session: nox.Session, venv: Path, tests_dir: Path, env: dict, result
         result.status = "no tests yet"
         session.warn(f"NO TESTS YET: {rel}/ has no test files; counted as a pass.")
         return
-    with tempfile.TemporaryDirectory(prefix="spyre-junit-") as tmp:
-        junit = Path(tmp) / "junit.xml"
-        t0 = time.monotonic()
-        try:
-            session.run(
-                str(venv / "bin" / "pytest"),
-                str(rel),
-                f"--junitxml={junit}",
-                *session.posargs,
-                env=env,
-                external=True,
-                # 5 = nothing collected; judged below instead of by pytest.
-                success_codes=[0, 5],
-            )
-        finally:
-            result.test_s = time.monotonic() - t0
-            counts = _junit_counts(junit)
-            result.tests, result.failures, result.errors, result.skipped = counts
+    # Kept after the run: tools/support_matrix.py builds docs/support-matrix.md from them.
+    junit = JUNIT_DIR / f"{session.name}.xml"
+    junit.parent.mkdir(parents=True, exist_ok=True)
+    junit.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    try:
+        session.run(
+            str(venv / "bin" / "pytest"),
+            str(rel),
+            f"--junitxml={junit}",
+            *session.posargs,
+            env=env,
+            external=True,
+            # 5 = nothing collected; judged below instead of by pytest.
+            success_codes=[0, 5],
+        )
+    finally:
+        result.test_s = time.monotonic() - t0
+        counts = _junit_counts(junit)
+        result.tests, result.failures, result.errors, result.skipped = counts
     if result.tests == 0:
         if session.posargs:
             result.status = "nothing selected"

@@ -31,3 +31,14 @@ def make_llm() -> Iterator[Any]:
         llm.llm_engine.engine_core.shutdown()
     engines.clear()
     gc.collect()
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Record ``@pytest.mark.feature(...)`` names as junit properties.
+
+    ``tools/support_matrix.py`` builds ``docs/support-matrix.md`` from the junit
+    XML of a test run; a ``feature`` property maps the test to its features.
+    """
+    for mark in item.iter_markers("feature"):
+        for name in mark.args:
+            item.user_properties.append(("feature", str(name)))
