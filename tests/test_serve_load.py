@@ -1,0 +1,273 @@
+"""`vllm serve` under load, bad input and client disconnects: it keeps serving and loses nothing.
+
+One server (a tiny Llama in float32, so a greedy output does not depend on
+what else is in the batch) takes, from the official ``openai`` async client:
+
+* 200 greedy requests at concurrency 32: completions and chat, streamed and
+  not, prompts of 5..118 tokens and 1..32 output tokens (sequences cross a
+  128-token KV page); each output must equal the same request sent alone;
+* bad requests mixed into that load, each of which must get a 4xx whose
+  message says what is wrong, without disturbing the good ones;
+* 50 streams cancelled mid-stream, after which the KV cache (read from
+  ``/metrics``) must be empty again and new requests must still be answered.
+
+Kept cheap for CI: few compiled shapes (two num_tokens buckets, one
+batched-decode bucket, two KV-length buckets), short outputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+import requests
+
+from spyre_inference.platform.testing.prompts import TEST_PROMPTS
+from tests.load import LoadRequest, bounded, metric, mixed_requests, send
+from tests.serving import serve
+
+MODEL = "tiny-llama"
+MAX_MODEL_LEN = 256
+CONCURRENCY = 32
+NUM_REQUESTS = 200
+#: Prompts of 5..118 tokens (the longest test prompt, 354 tokens, would not fit).
+PROMPTS = TEST_PROMPTS[:9]
+MAX_TOKENS = (1, 5, 16, 32)
+#: Distinct requests among the 200 (each is also sent alone once, as the reference).
+DISTINCT = 24
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    args = [
+        "--served-model-name", MODEL,
+        "--dtype", "float32",
+        "--max-model-len", str(MAX_MODEL_LEN),
+        "--max-num-seqs", str(CONCURRENCY),
+        "--max-num-batched-tokens", "128",
+    ]  # fmt: skip
+    env = {"SPYRE_NUM_TOKENS_BUCKETS": "32", "SPYRE_ATTN_NUM_SEQS_BUCKETS": str(CONCURRENCY)}
+    with serve(tiny_llama, args, env=env) as srv:
+        yield srv
+
+
+def _client(server) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(
+        base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=300
+    )
+
+
+# ---- bad requests: (what is wrong, how it is sent, what the message must say) ----
+
+#: Every kind of bad input the issue names; each must get a 4xx naming the problem.
+BAD_REQUESTS: dict[str, tuple[str, dict, str]] = {
+    "prompt over max_model_len": (
+        "completions",
+        {"prompt": "word " * 400, "max_tokens": 4},
+        f"maximum context length is {MAX_MODEL_LEN}",
+    ),
+    "chat over max_model_len": (
+        "chat",
+        {"messages": [{"role": "user", "content": "word " * 400}], "max_tokens": 4},
+        f"maximum context length is {MAX_MODEL_LEN}",
+    ),
+    "negative max_tokens": (
+        "completions",
+        {"prompt": "Hello", "max_tokens": -5},
+        "max_tokens must be at least 1",
+    ),
+    "huge max_tokens": (
+        "completions",
+        {"prompt": "Hello", "max_tokens": 10**9},
+        f"cannot be greater than max_model_len={MAX_MODEL_LEN}",
+    ),
+    "negative temperature": (
+        "completions",
+        {"prompt": "Hello", "max_tokens": 4, "temperature": -1.0},
+        "temperature must be non-negative",
+    ),
+    "top_p above 1": (
+        "chat",
+        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "top_p": 1.5},
+        "top_p must be in (0, 1]",
+    ),
+    "negative top_k": (
+        "completions",
+        {"prompt": "Hello", "max_tokens": 4, "extra_body": {"top_k": -3}},
+        "top_k must be 0 (disable), or at least 1",
+    ),
+    "unknown model": (
+        "completions",
+        {"prompt": "Hello", "max_tokens": 4, "model": "no-such-model"},
+        "The model `no-such-model` does not exist",
+    ),
+    "empty prompt": (
+        "completions",
+        {"prompt": "", "max_tokens": 4},
+        "prompt or prompt_embeds must be provided and non-empty",
+    ),
+    "empty conversation": (
+        "chat",
+        {"messages": [], "max_tokens": 4},
+        "Cannot apply chat template to an empty conversation",
+    ),
+}
+MALFORMED_JSON = b'{"model": "tiny-llama", "prompt": "Hello", "max_tokens": '
+
+
+async def _bad(client: openai.AsyncOpenAI, endpoint: str, kwargs: dict) -> tuple[int, str]:
+    """Send a bad request; its (status, message), or (200, text) if it was served."""
+    kwargs = {"model": MODEL, **kwargs}
+    try:
+        if endpoint == "chat":
+            await client.chat.completions.create(**kwargs)
+        else:
+            await client.completions.create(**kwargs)
+    except openai.APIStatusError as exc:
+        return exc.status_code, exc.message
+    return 200, "served"
+
+
+async def _malformed_json(server) -> tuple[int, str]:
+    async with httpx.AsyncClient(timeout=60) as http:
+        resp = await http.post(
+            server.url("/v1/completions"),
+            content=MALFORMED_JSON,
+            headers={"Content-Type": "application/json"},
+        )
+    return resp.status_code, resp.text
+
+
+@pytest.fixture(scope="module")
+def load(server):
+    """Send every distinct request alone, then the 200 with the bad ones mixed in."""
+    requests_ = mixed_requests(NUM_REQUESTS, PROMPTS, MAX_TOKENS, seed=9, distinct=DISTINCT)
+
+    async def run():
+        client = _client(server)
+        alone: dict[LoadRequest, str] = {}
+        t0 = time.monotonic()
+        for req in requests_:
+            if req.alone() not in alone:
+                alone[req.alone()] = await send(client, MODEL, req.alone())
+        t_alone = time.monotonic() - t0
+
+        good = [("good", i, send(client, MODEL, req)) for i, req in enumerate(requests_)]
+        bad = [("bad", what, _bad(client, ep, kw)) for what, (ep, kw, _) in BAD_REQUESTS.items()]
+        bad.insert(len(bad) // 2, ("bad", "malformed JSON", _malformed_json(server)))
+        # Interleaved: a bad request after every ~18 good ones.
+        mixed = []
+        step = len(good) // len(bad)
+        for i, item in enumerate(good):
+            mixed.append(item)
+            if i % step == step - 1 and bad:
+                mixed.append(bad.pop(0))
+        mixed.extend(bad)
+        t0 = time.monotonic()
+        results = await bounded([coro for *_, coro in mixed], CONCURRENCY)
+        t_load = time.monotonic() - t0
+        await client.close()
+        by_tag = {(kind, key): out for (kind, key, _), out in zip(mixed, results, strict=True)}
+        return alone, by_tag, t_alone, t_load
+
+    alone, by_tag, t_alone, t_load = asyncio.run(run())
+    good = [by_tag["good", i] for i in range(len(requests_))]
+    bad = {key: out for (kind, key), out in by_tag.items() if kind == "bad"}
+    print(
+        f"\n{len(alone)} distinct requests alone in {t_alone:.1f} s; "
+        f"{NUM_REQUESTS} + {len(bad)} bad at concurrency {CONCURRENCY} in {t_load:.1f} s"
+    )
+    return requests_, alone, good, bad
+
+
+def test_every_request_completes_and_equals_its_output_alone(load) -> None:
+    requests_, alone, good, _ = load
+    pairs = list(zip(requests_, good, strict=True))
+    failed = [(req, out) for req, out in pairs if not isinstance(out, str)]
+    assert not failed, f"{len(failed)} of {len(requests_)} requests failed, e.g. {failed[:3]}"
+    differ = [(req, out, alone[req.alone()]) for req, out in pairs if out != alone[req.alone()]]
+    assert not differ, f"{len(differ)} outputs differ from the request alone, e.g. {differ[:3]}"
+    assert {req.stream for req in requests_} == {True, False}
+    assert {req.endpoint for req in requests_} == {"completions", "chat"}
+    assert len({req.max_tokens for req in requests_}) == len(MAX_TOKENS)
+    assert any(good), "every output is empty"
+
+
+def test_bad_requests_get_a_4xx_with_a_useful_message(load) -> None:
+    *_, bad = load
+    expected = {what: needle for what, (_, _, needle) in BAD_REQUESTS.items()}
+    expected["malformed JSON"] = "JSON decode error"
+    assert set(bad) == set(expected)
+    for what, needle in expected.items():
+        result = bad[what]
+        assert isinstance(result, tuple), f"{what}: {result!r}"
+        status, message = result
+        assert 400 <= status < 500, f"{what}: status {status} ({message})"
+        assert needle in message, f"{what}: {message!r} does not say {needle!r}"
+
+
+def test_cancelled_streams_free_the_kv_cache(server) -> None:
+    streams, max_tokens = 50, 200
+
+    async def cancel_mid_stream(client: openai.AsyncOpenAI, i: int) -> int:
+        stream = await client.completions.create(
+            model=MODEL, prompt=f"{i}: {PROMPTS[i % len(PROMPTS)]}", max_tokens=max_tokens,
+            temperature=0, stream=True,
+        )  # fmt: skip
+        chunks = 0
+        async for _ in stream:
+            chunks += 1
+            if chunks == 3:
+                break
+        await stream.close()  # the client disconnects
+        return chunks
+
+    def scrape() -> str:
+        return requests.get(server.url("/metrics"), timeout=30).text
+
+    generated_before = metric(scrape(), "vllm:generation_tokens_total")
+
+    async def run() -> list:
+        client = _client(server)
+        out = await bounded([cancel_mid_stream(client, i) for i in range(streams)], CONCURRENCY)
+        await client.close()
+        return out
+
+    chunks = asyncio.run(run())
+    cancelled = sum(1 for c in chunks if c == 3)
+    assert cancelled == streams, chunks
+
+    deadline = time.monotonic() + 60
+    while True:
+        text = scrape()
+        usage = metric(text, "vllm:kv_cache_usage_perc")
+        running = metric(text, "vllm:num_requests_running")
+        waiting = metric(text, "vllm:num_requests_waiting")
+        if usage == running == waiting == 0:
+            break
+        assert time.monotonic() < deadline, (
+            f"KV usage {usage}, {running} running, {waiting} waiting"
+        )
+        time.sleep(0.5)
+    # The server stopped generating for the cancelled streams, not ran them out.
+    generated = metric(text, "vllm:generation_tokens_total") - generated_before
+    print(f"\n{streams} streams cancelled; {generated:.0f} tokens generated for them")
+    assert generated < streams * max_tokens / 4, generated
+
+    # And it still serves, with the same answers as before.
+    async def after() -> tuple[list, list[str]]:
+        client = _client(server)
+        reqs = [
+            LoadRequest("completions", p, 16, stream=bool(i % 2)) for i, p in enumerate(PROMPTS)
+        ]
+        outs = await bounded([send(client, MODEL, r) for r in reqs], CONCURRENCY)
+        refs = [await send(client, MODEL, r.alone()) for r in reqs]
+        await client.close()
+        return outs, refs
+
+    outs, refs = asyncio.run(after())
+    assert outs == refs
+    assert all(isinstance(o, str) and o for o in outs)
