@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         help="statistic over --iters (min is the robust one on a shared, loaded machine)",
     )
     parser.add_argument("--json", help="write the rows here as JSON")
+    parser.add_argument("--markdown", help="write a markdown report here")
     args = parser.parse_args(argv)
 
     os.environ.setdefault("SPYRE_DEVICE_TARGET", "cpu")
@@ -256,7 +257,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump([dataclasses.asdict(r) for r in rows], f, indent=1)
+    if args.markdown:
+        write_markdown(args, rows, args.markdown)
     return 0
+
+
+def write_markdown(args: argparse.Namespace, rows: list[Row], path: str) -> None:
+    """The rows as a report, with the machine and its load (timings on a busy host inflate)."""
+    import platform as host
+
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    lines = [
+        "# Attention time per decode step",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {host.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}; load average after the run: "
+        f"{load}. {args.heads} query / {args.kv_heads} KV heads x {args.head_size} "
+        f"(SmolLM2-135M's attention), {args.dtype}, block {args.block_size}, "
+        f"{args.threads} threads, {args.stat} of {args.iters} steps. `step ms` = metadata "
+        f"build + {args.layers} layers x (KV store + attention).",
+        "",
+        "| layout | batched decode | mode | batch | context | build us | layer us "
+        "| us/seq/layer | step ms |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r.layout} | {'on' if r.batched_decode else 'off'} | {r.mode} | {r.batch} "
+            f"| {r.context} | {r.build_us} | {r.layer_us} | {r.per_seq_layer_us} | {r.step_ms} |"
+        )
+    lines.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(lines))
 
 
 if __name__ == "__main__":
