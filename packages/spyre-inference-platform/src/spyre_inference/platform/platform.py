@@ -16,7 +16,7 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from spyre_inference.platform import device as dev
-from spyre_inference.platform import discovery, settings, startup_checks, stick_pad
+from spyre_inference.platform import discovery, serve_exit, settings, startup_checks, stick_pad
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.startup_checks import ConfigError
 
@@ -187,12 +187,16 @@ class TorchSpyrePlatform(Platform):
     def pre_register_and_update(cls, parser=None) -> None:
         # Bad plugin settings fail before anything is built.
         settings.validate_all()
+        if parser is not None:
+            # vLLM's CLI (vllm serve): exit non-zero if the engine dies later.
+            serve_exit.arm()
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
         from vllm.config import CompilationMode, CUDAGraphMode
 
         settings.validate_all()
+        serve_exit.rearm()
         choice = dev.target_choice()
 
         parallel = vllm_config.parallel_config

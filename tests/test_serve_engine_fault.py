@@ -1,0 +1,122 @@
+"""A worker process killed while `vllm serve` is serving: unhealthy, then an error exit, no hang.
+
+The worker is found among the server's child processes (psutil) and killed
+with SIGKILL while streams are being generated: at ``--tensor-parallel-size 1``
+the worker runs inside vLLM's engine-core process (``VLLM::EngineCore``), at 2
+in its own processes (``VLLM::Worker_TP*``). The server must then fail the
+requests in flight instead of leaving them hanging, answer ``/health`` with
+503, and exit by itself with a non-zero status (vLLM 0.33 would exit 0; the
+plugin's ``serve_exit`` makes it 1), leaving no process behind. Every wait has
+a hard deadline, so a hang fails the test rather than stalling CI.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import openai
+import psutil
+import pytest
+import requests
+
+from tests.serving import serve
+
+MODEL = "tiny-llama"
+#: Seconds from the kill until the server must have exited.
+EXIT_DEADLINE = 90.0
+
+
+def _descendants(pid: int) -> list[psutil.Process]:
+    return psutil.Process(pid).children(recursive=True)
+
+
+def _title(proc: psutil.Process) -> str:
+    try:
+        return " ".join([proc.name(), *proc.cmdline()])
+    except psutil.Error:
+        return ""
+
+
+def _stream(base_url: str, i: int, started: threading.Event, outcome: list) -> None:
+    """A long greedy stream; records how it ended (error, or finished against all odds)."""
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+    try:
+        stream = client.completions.create(
+            model=MODEL, prompt=f"Story {i}:", max_tokens=200, temperature=0, stream=True
+        )
+        for chunk in stream:
+            started.set()
+            if chunk.choices and chunk.choices[0].finish_reason:
+                outcome.append(("finished", chunk.choices[0].finish_reason))
+                return
+        outcome.append(("ended", None))
+    except Exception as exc:  # the server failed the request: what this test wants
+        outcome.append(("error", type(exc).__name__))
+
+
+@pytest.mark.parametrize(
+    ("tp", "victim"),
+    [(1, "VLLM::EngineCore"), (2, "VLLM::Worker_TP1")],
+    ids=["engine-core-tp1", "worker-tp2"],
+)
+def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
+    tiny_llama, tp, victim
+) -> None:
+    args = [
+        "--served-model-name", MODEL,
+        "--max-model-len", "256",
+        "--max-num-seqs", "4",
+        "--max-num-batched-tokens", "128",
+        "--tensor-parallel-size", str(tp),
+        "--enforce-eager",
+    ]  # fmt: skip
+    with serve(tiny_llama, args) as srv:
+        workers = [p for p in _descendants(srv.proc.pid) if victim in _title(p)]
+        assert len(workers) == 1, [_title(p) for p in _descendants(srv.proc.pid)]
+        processes = _descendants(srv.proc.pid)
+
+        started = [threading.Event() for _ in range(3)]
+        outcomes: list = []
+        threads = [
+            threading.Thread(target=_stream, args=(srv.url("/v1"), i, ev, outcomes), daemon=True)
+            for i, ev in enumerate(started)
+        ]
+        for t in threads:
+            t.start()
+        for ev in started:
+            assert ev.wait(120), "no stream started"
+
+        os.kill(workers[0].pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+
+        health: list[int | str] = []
+        while srv.proc.poll() is None:
+            assert time.monotonic() - killed_at < EXIT_DEADLINE, (
+                f"server still running {EXIT_DEADLINE} s after the kill; /health said {health}"
+            )
+            try:
+                health.append(requests.get(srv.url("/health"), timeout=5).status_code)
+            except requests.RequestException as exc:
+                health.append(type(exc).__name__)
+            time.sleep(0.2)
+        exit_after = time.monotonic() - killed_at
+        for t in threads:
+            t.join(timeout=30)
+            assert not t.is_alive(), "a stream still hangs after the server exited"
+
+        print(
+            f"\nkilled {victim} (tp={tp}); exit status {srv.proc.returncode} after "
+            f"{exit_after:.1f} s; /health: {sorted(set(map(str, health)))}; streams: {outcomes}"
+        )
+        assert 503 in health, f"/health never reported unhealthy: {health}"
+        assert 200 not in health[health.index(503) :], health
+        assert srv.proc.returncode != 0, srv.log()[-3000:]
+        assert all(kind != "finished" for kind, _ in outcomes), outcomes
+        assert len(outcomes) == len(threads)
+        _, alive = psutil.wait_procs(processes, timeout=30)
+        for proc in alive:  # do not leak them into the rest of the session
+            proc.kill()
+        assert not alive, f"left behind: {[_title(p) for p in alive]}"
