@@ -93,8 +93,48 @@ class SpyreColumnParallelLinear(ColumnParallelLinear):
         super().weight_loader_v2(param, self._spyre_pad(param, loaded_weight))
 
 
+class _ShardPaddingLoaders:
+    """Loaders of a fused layer (gate/up, QKV): split, pad each shard, then upstream's.
+
+    A checkpoint may hold the fused tensor at the original width; it is split
+    into its shards (``_spyre_fused_parts``) and each shard goes through the
+    loader again with its shard id, is padded (``_spyre_pad``) and handed to
+    upstream's loader, which shards it for tensor parallelism as usual.
+    """
+
+    def _spyre_fused_parts(
+        self, param: Any, loaded: torch.Tensor, shard_id: Any
+    ) -> list[tuple[Any, torch.Tensor]] | None:
+        raise NotImplementedError
+
+    def _spyre_pad(self, param: Any, loaded: torch.Tensor, shard_id: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def weight_loader(
+        self, param: torch.nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: Any = None
+    ) -> None:
+        parts = self._spyre_fused_parts(param, loaded_weight, loaded_shard_id)
+        if parts is not None:
+            for shard_id, part in parts:
+                self.weight_loader(param, part, shard_id)
+            return
+        loaded_weight = self._spyre_pad(param, loaded_weight, loaded_shard_id)
+        super().weight_loader(param, loaded_weight, loaded_shard_id)
+
+    def weight_loader_v2(
+        self, param: Any, loaded_weight: torch.Tensor, loaded_shard_id: Any = None
+    ) -> None:
+        parts = self._spyre_fused_parts(param, loaded_weight, loaded_shard_id)
+        if parts is not None:
+            for shard_id, part in parts:
+                self.weight_loader_v2(param, part, shard_id)
+            return
+        loaded_weight = self._spyre_pad(param, loaded_weight, loaded_shard_id)
+        super().weight_loader_v2(param, loaded_weight, loaded_shard_id)
+
+
 @spyre_oot(MergedColumnParallelLinear)
-class SpyreMergedColumnParallelLinear(MergedColumnParallelLinear):
+class SpyreMergedColumnParallelLinear(_ShardPaddingLoaders, MergedColumnParallelLinear):
     """Fused gate/up projection; its ``[..., 2*d]`` output feeds upstream SiluAndMul.
 
     With a widened ``intermediate_size`` each of gate and up is zero-padded at
@@ -137,31 +177,9 @@ class SpyreMergedColumnParallelLinear(MergedColumnParallelLinear):
             _require_unquantized(self, "the MLP width")
         return out
 
-    def weight_loader(
-        self, param: torch.nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: Any = None
-    ) -> None:
-        parts = self._spyre_fused_parts(param, loaded_weight, loaded_shard_id)
-        if parts is not None:
-            for shard_id, part in parts:
-                self.weight_loader(param, part, shard_id)
-            return
-        loaded_weight = self._spyre_pad(param, loaded_weight, loaded_shard_id)
-        super().weight_loader(param, loaded_weight, loaded_shard_id)
-
-    def weight_loader_v2(
-        self, param: Any, loaded_weight: torch.Tensor, loaded_shard_id: Any = None
-    ) -> None:
-        parts = self._spyre_fused_parts(param, loaded_weight, loaded_shard_id)
-        if parts is not None:
-            for shard_id, part in parts:
-                self.weight_loader_v2(param, part, shard_id)
-            return
-        loaded_weight = self._spyre_pad(param, loaded_weight, loaded_shard_id)
-        super().weight_loader_v2(param, loaded_weight, loaded_shard_id)
-
 
 @spyre_oot(QKVParallelLinear)
-class SpyreQKVParallelLinear(QKVParallelLinear):
+class SpyreQKVParallelLinear(_ShardPaddingLoaders, QKVParallelLinear):
     """Fused QKV projection; the model's own ``qkv.split(...)`` slices its output."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -214,28 +232,6 @@ class SpyreQKVParallelLinear(QKVParallelLinear):
         if _padded(loaded, out):
             _require_unquantized(self, "the head dimension")
         return out
-
-    def weight_loader(
-        self, param: torch.nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: Any = None
-    ) -> None:
-        parts = self._spyre_fused_parts(param, loaded_weight, loaded_shard_id)
-        if parts is not None:
-            for shard_id, part in parts:
-                self.weight_loader(param, part, shard_id)
-            return
-        loaded_weight = self._spyre_pad(param, loaded_weight, loaded_shard_id)
-        super().weight_loader(param, loaded_weight, loaded_shard_id)
-
-    def weight_loader_v2(
-        self, param: Any, loaded_weight: torch.Tensor, loaded_shard_id: Any = None
-    ) -> None:
-        parts = self._spyre_fused_parts(param, loaded_weight, loaded_shard_id)
-        if parts is not None:
-            for shard_id, part in parts:
-                self.weight_loader_v2(param, part, shard_id)
-            return
-        loaded_weight = self._spyre_pad(param, loaded_weight, loaded_shard_id)
-        super().weight_loader_v2(param, loaded_weight, loaded_shard_id)
 
 
 @spyre_oot(RowParallelLinear)
