@@ -67,6 +67,28 @@ class TokenTypeSideBuffer(nn.Module):
         """This step's token types (the first ``num_tokens`` rows of the buffer)."""
         return self.spyre_token_type_ids[:num_tokens]
 
+    #: Added to the runner's positions (RoBERTa's start at ``padding_idx + 1``).
+    spyre_position_offset: int = 0
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Upstream's BERT-family embedding sum, with token types from the side buffer."""
+        if inputs_embeds is None:
+            inputs_embeds = self.word_embeddings(input_ids)
+        if self.spyre_position_offset:
+            position_ids = position_ids + self.spyre_position_offset
+        token_type_ids = self.token_type_ids_for(inputs_embeds.shape[0])
+        embeddings = (
+            inputs_embeds
+            + self.token_type_embeddings(token_type_ids)
+            + self.position_embeddings(position_ids)
+        )
+        return self.LayerNorm(embeddings)
+
 
 def stage_token_types(embeddings: nn.Module, token_type_ids: torch.Tensor | None) -> None:
     """Stage ``token_type_ids`` into ``embeddings`` if it is a side-buffer embedding.

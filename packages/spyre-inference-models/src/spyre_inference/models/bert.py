@@ -12,7 +12,6 @@ token types, which upstream's embedding model does not.
 
 from __future__ import annotations
 
-import torch
 from transformers import BertConfig
 from vllm.model_executor.models.bert import (
     BertEmbedding,
@@ -30,22 +29,6 @@ class SpyreBertEmbedding(TokenTypeSideBuffer, BertEmbedding):
     def __init__(self, config: BertConfig) -> None:
         super().__init__(config)
         self._init_token_type_buffer()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if inputs_embeds is None:
-            inputs_embeds = self.word_embeddings(input_ids)
-        token_type_ids = self.token_type_ids_for(inputs_embeds.shape[0])
-        embeddings = (
-            inputs_embeds
-            + self.token_type_embeddings(token_type_ids)
-            + self.position_embeddings(position_ids)
-        )
-        return self.LayerNorm(embeddings)
 
 
 class SpyreBertEmbeddingModel(StagesTokenTypes, BertEmbeddingModel):

@@ -9,7 +9,6 @@ runner's position buffer, as upstream does.
 
 from __future__ import annotations
 
-import torch
 from transformers import RobertaConfig
 from vllm.model_executor.models.roberta import (
     RobertaEmbedding,
@@ -27,22 +26,8 @@ class SpyreRobertaEmbedding(TokenTypeSideBuffer, RobertaEmbedding):
     def __init__(self, config: RobertaConfig) -> None:
         super().__init__(config)
         self._init_token_type_buffer()
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        if inputs_embeds is None:
-            inputs_embeds = self.word_embeddings(input_ids)
-        token_type_ids = self.token_type_ids_for(inputs_embeds.shape[0])
-        embeddings = (
-            inputs_embeds
-            + self.token_type_embeddings(token_type_ids)
-            + self.position_embeddings(position_ids + self.padding_idx + 1)
-        )
-        return self.LayerNorm(embeddings)
+        # Positions start at padding_idx + 1; the runner's buffer is left alone.
+        self.spyre_position_offset = self.padding_idx + 1
 
 
 class SpyreRobertaEmbeddingModel(StagesTokenTypes, RobertaEmbeddingModel):
