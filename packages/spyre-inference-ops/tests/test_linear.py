@@ -193,3 +193,34 @@ def test_selection_keeps_unquantized_specialisations(vllm_env):
     assert layer.quant_method is special
     layer.quant_method = vllm_linear.UnquantizedLinearMethod()
     assert install_transposed_method(layer) is True
+
+
+@pytest.mark.parametrize("mode", ["float32", "model"])
+def test_cpu_gemm_dtype(vllm_env, monkeypatch, mode):
+    """SPYRE_CPU_GEMM_DTYPE=float32: a bfloat16 layer keeps a float32 copy of its
+    [in, out] weight (not in the state dict) and computes x @ Wt in float32,
+    exactly the float32 product of the bfloat16 values, rounded once to bfloat16;
+    =model keeps the bfloat16 matmul and no copy."""
+    from spyre_inference.ops.transposed_weight import GEMM_WEIGHT_ATTR
+    from spyre_inference.platform import device as dev
+
+    monkeypatch.setenv("SPYRE_CPU_GEMM_DTYPE", mode)
+    dev.reset_for_tests()
+    try:
+        ckpt = _checkpoint("merged", bias=False)
+        layer = _build(ckpt, torch.bfloat16)
+        gemm = getattr(layer, GEMM_WEIGHT_ATTR, None)
+        assert GEMM_WEIGHT_ATTR not in layer.state_dict()
+        x = torch.randn(8, ckpt["in"], generator=torch.Generator().manual_seed(2)).bfloat16()
+        out, _ = layer(x)
+        if mode == "model":
+            assert gemm is None
+            torch.testing.assert_close(out, x @ layer.weight, **tol(torch.bfloat16))
+        else:
+            assert gemm is not None and gemm.dtype == torch.float32
+            assert torch.equal(gemm, layer.weight.float())
+            ref = (x.float() @ layer.weight.float()).bfloat16()
+            torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    finally:
+        monkeypatch.delenv("SPYRE_CPU_GEMM_DTYPE")
+        dev.reset_for_tests()

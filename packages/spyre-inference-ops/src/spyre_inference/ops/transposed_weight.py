@@ -12,6 +12,11 @@ Subclasses choose where the transposed matrix lives (``WEIGHT_T_ATTR``) and
 whether its output columns are padded to a row multiple first (``ROW_ALIGN``);
 ``apply`` then drops the pad columns with a slice. The linear layers use the
 defaults (in place, no padding); the LM head pads the vocabulary to 64x32.
+
+On the cpu target, when the host CPU has no fast GEMM for the model dtype
+(:func:`spyre_inference.platform.device.host_gemm_dtype`), the layer also keeps
+a float32 copy of the same ``[in, out]`` matrix (``GEMM_WEIGHT_ATTR``, a
+non-persistent buffer: not in the state dict) and the matmul runs on it.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch.nn.functional as F
 from torch.nn import Parameter
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
-from spyre_inference.platform.device import round_up
+from spyre_inference.platform.device import host_gemm_dtype, round_up
 
 #: Attribute recording that a layer's weight is already stored transposed, so a
 #: second ``process_weights_after_loading`` (weight reload) does not transpose
@@ -29,6 +34,9 @@ from spyre_inference.platform.device import round_up
 TRANSPOSED_FLAG = "_spyre_weight_transposed"
 #: The layer's true number of output features (before row padding).
 OUT_FEATURES_ATTR = "_spyre_out_features"
+#: cpu target without a fast model-dtype GEMM: the ``[in, out]`` matrix in the
+#: dtype the host GEMM computes in.
+GEMM_WEIGHT_ATTR = "_spyre_gemm_weight_t"
 
 
 def spyre_linear_t(
@@ -36,13 +44,19 @@ def spyre_linear_t(
     weight_t: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_features: int | None = None,
+    gemm_weight_t: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ weight_t (+ bias)`` with ``weight_t`` stored ``[in, out_padded]``.
 
     ``out_features`` below the stored width drops the trailing pad columns: an
-    offset-0 slice, which Spyre copies without restickifying.
+    offset-0 slice, which Spyre copies without restickifying. ``gemm_weight_t``
+    (cpu target, see the module docstring) is the same matrix in the host
+    GEMM's dtype: the product is computed there and returned in ``x``'s dtype.
     """
-    out = torch.matmul(x, weight_t)
+    if gemm_weight_t is not None:
+        out = torch.matmul(x.to(gemm_weight_t.dtype), gemm_weight_t).to(x.dtype)
+    else:
+        out = torch.matmul(x, weight_t)
     if out_features is not None and out_features != out.shape[-1]:
         out = out[..., :out_features]
     if bias is not None:
@@ -68,6 +82,10 @@ class SpyreTransposedWeightMethod:
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         if getattr(layer, TRANSPOSED_FLAG, False):
+            # A weight reload wrote new values into the transposed matrix.
+            gemm = getattr(layer, GEMM_WEIGHT_ATTR, None)
+            if gemm is not None:
+                gemm.copy_(getattr(layer, self.WEIGHT_T_ATTR))
             return
         weight = layer.weight
         out_features, _ = weight.shape
@@ -84,6 +102,9 @@ class SpyreTransposedWeightMethod:
         layer.register_parameter(self.WEIGHT_T_ATTR, weight_t)
         setattr(layer, OUT_FEATURES_ATTR, out_features)
         setattr(layer, TRANSPOSED_FLAG, True)
+        gemm_dtype = host_gemm_dtype(weight_t.dtype)
+        if gemm_dtype is not None:
+            layer.register_buffer(GEMM_WEIGHT_ATTR, weight_t.data.to(gemm_dtype), persistent=False)
 
     def apply(
         self,
@@ -96,7 +117,13 @@ class SpyreTransposedWeightMethod:
             # unprocessed layer): the weight is still [out, in].
             return F.linear(x, layer.weight, bias)
         weight_t = getattr(layer, self.WEIGHT_T_ATTR)
-        return spyre_linear_t(x, weight_t, bias, getattr(layer, OUT_FEATURES_ATTR))
+        return spyre_linear_t(
+            x,
+            weight_t,
+            bias,
+            getattr(layer, OUT_FEATURES_ATTR),
+            getattr(layer, GEMM_WEIGHT_ATTR, None),
+        )
 
 
 class SpyreUnquantizedLinearMethod(SpyreTransposedWeightMethod, UnquantizedLinearMethod):

@@ -31,12 +31,16 @@ class SpyreCpuGpuBuffer(CpuGpuBuffer):
 
     def copy_to_gpu(self, n: int | None = None) -> torch.Tensor:
         if self.gpu is self.cpu:
+            if self.cpu.dtype.is_floating_point:
+                dev.note_transfer("h2d")  # a device twin on the card (cost proxy)
             return self.cpu if n is None else self.cpu[:n]
         dev.transfers.h2d += 1
         return super().copy_to_gpu(n)
 
     def copy_to_cpu(self, n: int | None = None) -> torch.Tensor:
         if self.gpu is self.cpu:
+            if self.cpu.dtype.is_floating_point:
+                dev.note_transfer("d2h")
             return self.cpu if n is None else self.cpu[:n]
         dev.transfers.d2h += 1
         return super().copy_to_cpu(n)

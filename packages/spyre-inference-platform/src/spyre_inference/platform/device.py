@@ -117,7 +117,15 @@ def default_dtype() -> torch.dtype:
 
 @dataclasses.dataclass
 class TransferCounters:
-    """Host<->device conversions, a cost proxy that predicts the card's cost."""
+    """Host<->device conversions the card makes, a cost proxy that predicts its cost.
+
+    Counted on both targets. On the cpu target nothing moves, so a conversion is
+    counted where the card would make one: every :func:`to_device` call (callers
+    hand it host tensors), every :func:`to_host` of a floating-point tensor (only
+    floats are computed on the device; integer tensors are host bookkeeping on
+    both targets) and :func:`note_transfer` for the conversions the cpu target
+    skips outright.
+    """
 
     h2d: int = 0
     d2h: int = 0
@@ -130,8 +138,13 @@ class TransferCounters:
 transfers = TransferCounters()
 
 
+def note_transfer(direction: str) -> None:
+    """Count a conversion the cpu target skips (``"h2d"`` or ``"d2h"``)."""
+    setattr(transfers, direction, getattr(transfers, direction) + 1)
+
+
 def to_device(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Place a tensor for device compute.
+    """Place a host tensor for device compute.
 
     Int/bool tensors are converted to int64 for the embedding gather; Spyre has
     no int32/bool compute, so index tensors either stay on the host or travel as
@@ -139,6 +152,8 @@ def to_device(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor
     """
     dev = device()
     if t.device == dev and (dtype is None or t.dtype == dtype):
+        if dev.type == "cpu":
+            transfers.h2d += 1  # the card would copy this host tensor
         return t
     transfers.h2d += 1
     return t.to(device=dev, dtype=dtype)
@@ -147,11 +162,56 @@ def to_device(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor
 def to_host(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Bring a device tensor back to the host (a no-op copy-wise on cpu)."""
     if t.device.type == "cpu" and (dtype is None or t.dtype == dtype):
+        if not is_spyre() and t.dtype.is_floating_point:
+            transfers.d2h += 1  # computed on the device on the card
         return t
     transfers.d2h += 1
     return t.to(device="cpu", dtype=dtype)
 
 
+# ---- host GEMMs (cpu target) ------------------------------------------------
+
+
+@functools.cache
+def host_gemm_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype the cpu target's matmuls with ``dtype`` weights compute in, or None (as is).
+
+    CPUs without bfloat16/float16 matrix instructions (AVX2-only x86, for
+    example) have no fast reduced-precision GEMM in PyTorch: oneDNN refuses the
+    type and ATen's fallback loops are 10-100x slower than its float32 GEMM
+    (measured on a 2-core AVX2 EPYC: a bfloat16 ``[8, 576] @ [576, 3072]`` took
+    39 ms, the same product in float32 1.6 ms). There the matmuls compute in
+    float32 on a float32 copy of the weights: every bfloat16/float16 value is
+    exact in float32 and the products accumulate in float32, as a bfloat16 GEMM
+    with float32 accumulation does, so results agree with it up to summation
+    order. The card and CPUs with the instructions keep ``dtype``.
+    ``SPYRE_CPU_GEMM_DTYPE`` overrides the detection.
+    """
+    if is_spyre() or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    choice = settings.get("SPYRE_CPU_GEMM_DTYPE")
+    if choice == "model":
+        return None
+    if choice == "float32":
+        return torch.float32
+    mkldnn = torch.ops.mkldnn
+    native = (
+        mkldnn._is_mkldnn_bf16_supported()
+        if dtype == torch.bfloat16
+        else mkldnn._is_mkldnn_fp16_supported()
+    )
+    if native:
+        return None
+    logger.info(
+        "cpu target: this CPU has no fast %s GEMM; matmuls compute in float32 on float32 "
+        "copies of the weights (SPYRE_CPU_GEMM_DTYPE=model keeps %s).",
+        dtype,
+        dtype,
+    )
+    return torch.float32
+
+
 def reset_for_tests() -> None:
     target_choice.cache_clear()
+    host_gemm_dtype.cache_clear()
     settings.reset_cache()

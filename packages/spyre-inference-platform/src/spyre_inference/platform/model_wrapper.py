@@ -46,5 +46,8 @@ class _SpyreModelWrapper:
 
 def _index_to_device(t: torch.Tensor) -> torch.Tensor:
     if not dev.is_spyre():
+        # The host embedding takes the runner's int32 ids as they are; the
+        # card's copy is still counted (a cost proxy).
+        dev.note_transfer("h2d")
         return t
     return dev.to_device(t, dtype=torch.int64)

@@ -254,6 +254,13 @@ class TorchSpyrePlatform(Platform):
             # Spec: blocks are compiled by the runner with stock torch.compile
             # (Inductor, dynamic=False); vLLM's own piecewise pipeline is not used.
             compilation.mode = CompilationMode.STOCK_TORCH_COMPILE
+        # vLLM IR ops (RMSNorm, fused add + RMSNorm) call their native PyTorch
+        # body directly instead of going through an opaque torch custom op:
+        # only vLLM's own Inductor pipeline lowers those ops, so under stock
+        # torch.compile they stayed opaque and ran eagerly inside every block
+        # graph (two eager norms per layer; on the card, eager launches).
+        # vLLM resolves the default before this hook changes the mode.
+        compilation.ir_enable_torch_wrap = False
 
     @classmethod
     def _check_dtype(cls, dtype: torch.dtype, target: dev.DeviceTarget) -> None:

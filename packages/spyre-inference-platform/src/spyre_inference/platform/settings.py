@@ -139,6 +139,15 @@ SETTINGS: tuple[Setting, ...] = (
         parse=_positive_int,
     ),
     Setting(
+        "SPYRE_CPU_GEMM_DTYPE",
+        "auto",
+        "cpu target: the dtype matmuls with bfloat16/float16 weights compute in. `auto` "
+        "uses float32 (on float32 copies of the weights) when the CPU has no fast "
+        "bfloat16/float16 GEMM (no AVX-512 BF16/FP16 or AMX), else the model dtype; "
+        "`model` always keeps the model dtype; `float32` always uses float32.",
+        choices=("auto", "model", "float32"),
+    ),
+    Setting(
         "SPYRE_DEFAULT_MODEL_DIR",
         "",
         "Folder of the embedded default model (SmolLM2-135M-Instruct converted to a "
