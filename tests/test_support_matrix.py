@@ -99,7 +99,7 @@ def test_statuses_come_from_the_results(tool, tmp_path: Path) -> None:
     assert _status_of(page, title["op_linear"]) == "not run"  # ops session absent
     assert _status_of(page, title["lora"]) == "not tested"
     assert "needs a Spyre card" in page
-    assert "sessions e2e" in page
+    assert "Run: `e2e` (undated: 1 failed, 3 passed, 1 skipped)" in page
 
 
 def test_unknown_marker_id_is_an_error(tool, tmp_path: Path) -> None:

@@ -182,11 +182,22 @@ def _evidence(mapped: Sequence[Result], limit: int = 3) -> str:
     return f"{summary}: {listed}{more}{why}"
 
 
+def _run_line(results: Sequence[Result], files: Sequence[Path]) -> str:
+    """Which sessions the page reflects: name, date of the run, test counts."""
+    parts = []
+    for path in files:
+        stamps = [s.get("timestamp", "") for s in ET.parse(path).getroot().iter("testsuite")]
+        day = min((t for t in stamps if t), default="")[:10]
+        mine = [r for r in results if r.session == path.stem]
+        counts: dict[str, int] = {}
+        for r in mine:
+            counts[r.outcome] = counts.get(r.outcome, 0) + 1
+        summary = ", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "no tests"
+        parts.append(f"`{path.stem}` ({day or 'undated'}: {summary})")
+    return "Run: " + "; ".join(parts) + ". Sessions not listed did not run."
+
+
 def render(results: Sequence[Result], files: Sequence[Path]) -> str:
-    sessions = sorted({r.session for r in results})
-    totals: dict[str, int] = {}
-    for r in results:
-        totals[r.outcome] = totals.get(r.outcome, 0) + 1
     lines = [
         "# Support matrix",
         "",
@@ -202,9 +213,7 @@ def render(results: Sequence[Result], files: Sequence[Path]) -> str:
         "python tools/support_matrix.py   # writes docs/support-matrix.md",
         "```",
         "",
-        f"Run: sessions {', '.join(sessions) or 'none'}; "
-        + ", ".join(f"{n} {o}" for o, n in sorted(totals.items()))
-        + ".",
+        _run_line(results, files),
         "",
         "Status: **passed** (its tests passed), **refused clearly** (the plugin rejects it",
         "with a clear error, and a test shows that), **FAILED**, **skipped** (all its tests",
