@@ -20,144 +20,61 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
 import openai
 import pytest
 import requests
 
-from spyre_inference.platform.testing.prompts import TEST_PROMPTS
-from tests.load import LoadRequest, bounded, metric, mixed_requests, send
+from tests.load import (
+    BAD_REQUESTS,
+    CONCURRENCY,
+    DISTINCT,
+    MAX_TOKENS,
+    MODEL,
+    PROMPTS,
+    SEED,
+    SERVER_ARGS,
+    SERVER_ENV,
+    LoadRequest,
+    bounded,
+    client,
+    metric,
+    mixed_requests,
+    send,
+    send_bad,
+    send_malformed_json,
+)
 from tests.serving import serve
 
-MODEL = "tiny-llama"
-MAX_MODEL_LEN = 256
-CONCURRENCY = 32
 NUM_REQUESTS = 200
-#: Prompts of 5..118 tokens (the longest test prompt, 354 tokens, would not fit).
-PROMPTS = TEST_PROMPTS[:9]
-MAX_TOKENS = (1, 5, 16, 32)
-#: Distinct requests among the 200 (each is also sent alone once, as the reference).
-DISTINCT = 24
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
-    args = [
-        "--served-model-name", MODEL,
-        "--dtype", "float32",
-        "--max-model-len", str(MAX_MODEL_LEN),
-        "--max-num-seqs", str(CONCURRENCY),
-        "--max-num-batched-tokens", "128",
-    ]  # fmt: skip
-    env = {"SPYRE_NUM_TOKENS_BUCKETS": "32", "SPYRE_ATTN_NUM_SEQS_BUCKETS": str(CONCURRENCY)}
-    with serve(tiny_llama, args, env=env) as srv:
+    with serve(tiny_llama, SERVER_ARGS, env=SERVER_ENV) as srv:
         yield srv
 
 
 def _client(server) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url=server.url("/v1"), api_key="unused", max_retries=0, timeout=300
-    )
-
-
-# ---- bad requests: (what is wrong, how it is sent, what the message must say) ----
-
-#: Every kind of bad input the issue names; each must get a 4xx naming the problem.
-BAD_REQUESTS: dict[str, tuple[str, dict, str]] = {
-    "prompt over max_model_len": (
-        "completions",
-        {"prompt": "word " * 400, "max_tokens": 4},
-        f"maximum context length is {MAX_MODEL_LEN}",
-    ),
-    "chat over max_model_len": (
-        "chat",
-        {"messages": [{"role": "user", "content": "word " * 400}], "max_tokens": 4},
-        f"maximum context length is {MAX_MODEL_LEN}",
-    ),
-    "negative max_tokens": (
-        "completions",
-        {"prompt": "Hello", "max_tokens": -5},
-        "max_tokens must be at least 1",
-    ),
-    "huge max_tokens": (
-        "completions",
-        {"prompt": "Hello", "max_tokens": 10**9},
-        f"cannot be greater than max_model_len={MAX_MODEL_LEN}",
-    ),
-    "negative temperature": (
-        "completions",
-        {"prompt": "Hello", "max_tokens": 4, "temperature": -1.0},
-        "temperature must be non-negative",
-    ),
-    "top_p above 1": (
-        "chat",
-        {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "top_p": 1.5},
-        "top_p must be in (0, 1]",
-    ),
-    "negative top_k": (
-        "completions",
-        {"prompt": "Hello", "max_tokens": 4, "extra_body": {"top_k": -3}},
-        "top_k must be 0 (disable), or at least 1",
-    ),
-    "unknown model": (
-        "completions",
-        {"prompt": "Hello", "max_tokens": 4, "model": "no-such-model"},
-        "The model `no-such-model` does not exist",
-    ),
-    "empty prompt": (
-        "completions",
-        {"prompt": "", "max_tokens": 4},
-        "prompt or prompt_embeds must be provided and non-empty",
-    ),
-    "empty conversation": (
-        "chat",
-        {"messages": [], "max_tokens": 4},
-        "Cannot apply chat template to an empty conversation",
-    ),
-}
-MALFORMED_JSON = b'{"model": "tiny-llama", "prompt": "Hello", "max_tokens": '
-
-
-async def _bad(client: openai.AsyncOpenAI, endpoint: str, kwargs: dict) -> tuple[int, str]:
-    """Send a bad request; its (status, message), or (200, text) if it was served."""
-    kwargs = {"model": MODEL, **kwargs}
-    try:
-        if endpoint == "chat":
-            await client.chat.completions.create(**kwargs)
-        else:
-            await client.completions.create(**kwargs)
-    except openai.APIStatusError as exc:
-        return exc.status_code, exc.message
-    return 200, "served"
-
-
-async def _malformed_json(server) -> tuple[int, str]:
-    async with httpx.AsyncClient(timeout=60) as http:
-        resp = await http.post(
-            server.url("/v1/completions"),
-            content=MALFORMED_JSON,
-            headers={"Content-Type": "application/json"},
-        )
-    return resp.status_code, resp.text
+    return client(server.url("/v1"))
 
 
 @pytest.fixture(scope="module")
 def load(server):
     """Send every distinct request alone, then the 200 with the bad ones mixed in."""
-    requests_ = mixed_requests(NUM_REQUESTS, PROMPTS, MAX_TOKENS, seed=9, distinct=DISTINCT)
+    requests_ = mixed_requests(NUM_REQUESTS, PROMPTS, MAX_TOKENS, seed=SEED, distinct=DISTINCT)
 
     async def run():
-        client = _client(server)
+        api = _client(server)
         alone: dict[LoadRequest, str] = {}
         t0 = time.monotonic()
         for req in requests_:
             if req.alone() not in alone:
-                alone[req.alone()] = await send(client, MODEL, req.alone())
+                alone[req.alone()] = await send(api, MODEL, req.alone())
         t_alone = time.monotonic() - t0
 
-        good = [("good", i, send(client, MODEL, req)) for i, req in enumerate(requests_)]
-        bad = [("bad", what, _bad(client, ep, kw)) for what, (ep, kw, _) in BAD_REQUESTS.items()]
-        bad.insert(len(bad) // 2, ("bad", "malformed JSON", _malformed_json(server)))
+        good = [("good", i, send(api, MODEL, req)) for i, req in enumerate(requests_)]
+        bad = [("bad", what, send_bad(api, ep, kw)) for what, (ep, kw, _) in BAD_REQUESTS.items()]
+        bad.insert(len(bad) // 2, ("bad", "malformed JSON", send_malformed_json(server.base_url)))
         # Interleaved: a bad request after every ~18 good ones.
         mixed = []
         step = len(good) // len(bad)
@@ -169,7 +86,7 @@ def load(server):
         t0 = time.monotonic()
         results = await bounded([coro for *_, coro in mixed], CONCURRENCY)
         t_load = time.monotonic() - t0
-        await client.close()
+        await api.close()
         by_tag = {(kind, key): out for (kind, key, _), out in zip(mixed, results, strict=True)}
         return alone, by_tag, t_alone, t_load
 
@@ -212,8 +129,8 @@ def test_bad_requests_get_a_4xx_with_a_useful_message(load) -> None:
 def test_cancelled_streams_free_the_kv_cache(server) -> None:
     streams, max_tokens = 50, 200
 
-    async def cancel_mid_stream(client: openai.AsyncOpenAI, i: int) -> int:
-        stream = await client.completions.create(
+    async def cancel_mid_stream(api: openai.AsyncOpenAI, i: int) -> int:
+        stream = await api.completions.create(
             model=MODEL, prompt=f"{i}: {PROMPTS[i % len(PROMPTS)]}", max_tokens=max_tokens,
             temperature=0, stream=True,
         )  # fmt: skip
@@ -231,9 +148,9 @@ def test_cancelled_streams_free_the_kv_cache(server) -> None:
     generated_before = metric(scrape(), "vllm:generation_tokens_total")
 
     async def run() -> list:
-        client = _client(server)
-        out = await bounded([cancel_mid_stream(client, i) for i in range(streams)], CONCURRENCY)
-        await client.close()
+        api = _client(server)
+        out = await bounded([cancel_mid_stream(api, i) for i in range(streams)], CONCURRENCY)
+        await api.close()
         return out
 
     chunks = asyncio.run(run())
@@ -257,15 +174,15 @@ def test_cancelled_streams_free_the_kv_cache(server) -> None:
     print(f"\n{streams} streams cancelled; {generated:.0f} tokens generated for them")
     assert generated < streams * max_tokens / 4, generated
 
-    # And it still serves, with the same answers as before.
+    # And it still serves, each answer the same as the request alone.
     async def after() -> tuple[list, list[str]]:
-        client = _client(server)
+        api = _client(server)
         reqs = [
             LoadRequest("completions", p, 16, stream=bool(i % 2)) for i, p in enumerate(PROMPTS)
         ]
-        outs = await bounded([send(client, MODEL, r) for r in reqs], CONCURRENCY)
-        refs = [await send(client, MODEL, r.alone()) for r in reqs]
-        await client.close()
+        outs = await bounded([send(api, MODEL, r) for r in reqs], CONCURRENCY)
+        refs = [await send(api, MODEL, r.alone()) for r in reqs]
+        await api.close()
         return outs, refs
 
     outs, refs = asyncio.run(after())
