@@ -42,11 +42,14 @@ def prompts(feature_model: Path) -> list[list[int]]:
     return long + short
 
 
-def test_preempted_requests_equal_each_request_alone(main_llm, feature_model, prompts) -> None:
+def test_preempted_requests_equal_each_request_alone(
+    main_llm, feature_model, prompts, record_property
+) -> None:
     outputs = main_llm.generate(
         [{"prompt_token_ids": p} for p in prompts], greedy_params(MAX_TOKENS)
     )
     counts = preemptions(outputs)
+    record_property("preemptions_per_request", counts)
     assert sum(counts) > 0, f"no request was preempted: {counts}"
     alone = hf_greedy(feature_model, prompts, MAX_TOKENS, "float32")
     got = token_ids(outputs)

@@ -83,7 +83,7 @@ def _check_hits(cached: list[int]) -> None:
 
 
 def test_token_major_hits_equal_caching_off_and_hf(
-    main_llm, prompts, caching_off, hf_reference
+    main_llm, prompts, caching_off, hf_reference, record_property
 ) -> None:
     main_llm.reset_prefix_cache()
     hits_before = prometheus_counter("vllm:prefix_cache_hits", MAIN_NAME)
@@ -96,6 +96,8 @@ def test_token_major_hits_equal_caching_off_and_hf(
     cached = [o.num_cached_tokens for o in outputs]
     _check_hits(cached)
     hits = prometheus_counter("vllm:prefix_cache_hits", MAIN_NAME) - hits_before
+    record_property("cached_tokens", cached)
+    record_property("prefix_cache_hits", hits)
     assert hits >= sum(cached) > 0, (hits, cached)
 
     got = token_ids(outputs)
@@ -104,7 +106,7 @@ def test_token_major_hits_equal_caching_off_and_hf(
 
 
 def test_head_major_hits_equal_caching_off_and_hf(
-    head_major_server, head_major_client, prompts, caching_off, hf_reference
+    head_major_server, head_major_client, prompts, caching_off, hf_reference, record_property
 ) -> None:
     assert "attention backend: head_major" in head_major_server.log()
 
@@ -123,7 +125,9 @@ def test_head_major_hits_equal_caching_off_and_hf(
         rest = list(pool.map(complete, prompts[1:]))
     responses = [first, *rest]
 
-    _check_hits([r.usage.prompt_tokens_details.cached_tokens for r in responses])
+    cached = [r.usage.prompt_tokens_details.cached_tokens for r in responses]
+    record_property("cached_tokens", cached)
+    _check_hits(cached)
     got = [list(r.choices[0].token_ids) for r in responses]
     assert got == caching_off, "prefix caching on (head-major) and off differ"
     assert got == hf_reference, "head-major prefix-cached run differs from Hugging Face"

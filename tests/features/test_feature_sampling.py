@@ -113,7 +113,7 @@ def test_filters_sample_within_their_bounds(main_llm) -> None:
 
 
 @pytest.mark.feature("logprobs")
-def test_greedy_logprobs_match_hf_log_softmax(main_llm, feature_model) -> None:
+def test_greedy_logprobs_match_hf_log_softmax(main_llm, feature_model, record_property) -> None:
     outputs = main_llm.generate(PROMPTS, greedy_params(TOKENS, logprobs=5))
     reference = hf_greedy_with_logprobs(feature_model, PROMPTS, TOKENS, "float32", num_logprobs=5)
     worst = 0.0
@@ -126,11 +126,12 @@ def test_greedy_logprobs_match_hf_log_softmax(main_llm, feature_model) -> None:
             assert set(got) == set(want), (got, want)  # the same top-5 tokens
             for t, lp in want.items():
                 worst = max(worst, abs(got[t].logprob - lp))
+    record_property("max_abs_logprob_diff", worst)
     assert worst <= LOGPROB_TOL, worst
 
 
 @pytest.mark.feature("prompt_logprobs")
-def test_prompt_logprobs_match_hf_log_softmax(main_llm, hf) -> None:
+def test_prompt_logprobs_match_hf_log_softmax(main_llm, hf, record_property) -> None:
     """A 118-token prompt: prefilled in two chunks, its log-probs gathered across both."""
     (out,) = main_llm.generate([TEST_PROMPTS[7]], greedy_params(1, prompt_logprobs=3))
     ids = list(out.prompt_token_ids)
@@ -143,6 +144,7 @@ def test_prompt_logprobs_match_hf_log_softmax(main_llm, hf) -> None:
         for t, lp in step.items():
             worst = max(worst, abs(lp.logprob - float(want[t])))
         assert step[ids[i + 1]].rank == 1 + int((want > want[ids[i + 1]]).sum())
+    record_property("max_abs_logprob_diff", worst)
     assert worst <= LOGPROB_TOL, worst
 
 

@@ -90,7 +90,7 @@ def test_choice(main_llm) -> None:
 
 
 @pytest.mark.feature("structured_json_chat_api")
-def test_chat_completions_json_schema_is_valid(head_major_client) -> None:
+def test_chat_completions_json_schema_is_valid(head_major_client, record_property) -> None:
     questions = ["Is the sky blue?", "How many legs does a spider have?", "Tag this: cats"]
     response_format = {
         "type": "json_schema",
@@ -108,6 +108,7 @@ def test_chat_completions_json_schema_is_valid(head_major_client) -> None:
         content = out.choices[0].message.content
         assert out.choices[0].finish_reason == "stop", content
         jsonschema.validate(json.loads(content), SCHEMA)
+        record_property("answer", content)
 
         free = head_major_client.chat.completions.create(
             model=SERVED_NAME, messages=messages, max_tokens=FREE_TOKENS, temperature=0
