@@ -64,7 +64,8 @@ def test_catalogue_lists_issue_8_and_every_marked_feature(tool) -> None:
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest" tests="5">
  <testcase classname="tests.features.test_feature_sampling" name="test_a" time="1.0">
-  <properties><property name="feature" value="top_k"/></properties></testcase>
+  <properties><property name="feature" value="top_k"/><property name="worst" value="1e-06"/>
+  </properties></testcase>
  <testcase classname="tests.features.test_feature_sampling" name="test_b[x]" time="1.0">
   <properties><property name="feature" value="top_k"/><property name="feature" value="n"/>
   </properties><failure message="boom">trace</failure></testcase>
@@ -99,6 +100,7 @@ def test_statuses_come_from_the_results(tool, tmp_path: Path) -> None:
     assert _status_of(page, title["op_linear"]) == "not run"  # ops session absent
     assert _status_of(page, title["lora"]) == "not tested"
     assert "needs a Spyre card" in page
+    assert "measured: worst=1e-06" in page  # figures recorded with record_property
     assert "Run: `e2e` (undated: 1 failed, 3 passed, 1 skipped)" in page
 
 

@@ -85,6 +85,8 @@ class Result:
     seconds: float
     features: tuple[str, ...]
     message: str = ""
+    #: other junit properties (figures a test recorded with ``record_property``)
+    figures: tuple[tuple[str, str], ...] = ()
 
 
 def _nodeid(classname: str, name: str, root: Path) -> str:
@@ -110,9 +112,9 @@ def read_junit(path: Path, root: Path = ROOT) -> list[Result]:
                 outcome = {"failure": "failed"}.get(tag, tag)
                 message = child.get("message", "")
                 break
-        features = tuple(
-            p.get("value", "") for p in case.iter("property") if p.get("name") == "feature"
-        )
+        properties = [(p.get("name", ""), p.get("value", "")) for p in case.iter("property")]
+        features = tuple(value for name, value in properties if name == "feature")
+        figures = tuple((name, value) for name, value in properties if name != "feature")
         results.append(
             Result(
                 session=path.stem,
@@ -121,6 +123,7 @@ def read_junit(path: Path, root: Path = ROOT) -> list[Result]:
                 seconds=float(case.get("time", 0) or 0),
                 features=features,
                 message=message,
+                figures=figures,
             )
         )
     return results
@@ -179,7 +182,19 @@ def _evidence(mapped: Sequence[Result], limit: int = 3) -> str:
     more = f"<br>and {len(shown) - limit} more" if len(shown) > limit else ""
     skipped = {r.message for r in mapped if r.outcome == "skipped" and r.message}
     why = f"<br>skipped: {'; '.join(sorted(skipped))}" if skipped else ""
-    return f"{summary}: {listed}{more}{why}"
+    figures = dict.fromkeys(
+        f"{name}={_short(value)}"
+        for r in ordered
+        if r.nodeid.split("[", 1)[0] in shown[:limit]
+        for name, value in r.figures
+    )
+    measured = f"<br>measured: {'; '.join(figures)}" if figures else ""
+    return f"{summary}: {listed}{more}{why}{measured}".replace("|", "\\|")
+
+
+def _short(value: str, width: int = 48) -> str:
+    value = " ".join(value.split())
+    return value if len(value) <= width else value[: width - 3] + "..."
 
 
 def _run_line(results: Sequence[Result], files: Sequence[Path]) -> str:
