@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+import torch
+
 from spyre_inference.platform import device as placement
 from spyre_inference.platform import settings
 
@@ -38,9 +40,20 @@ CPU_TILE_BYTES = 64 << 20
 CPU_FLASH_ATTENTION = True
 
 
-def use_flash(logits_soft_cap: float | None) -> bool:
-    """The flash form for a layer: cpu target, no soft-cap (see :data:`CPU_FLASH_ATTENTION`)."""
-    return CPU_FLASH_ATTENTION and logits_soft_cap is None and not placement.is_spyre()
+def use_flash(
+    logits_soft_cap: float | None, dtype: torch.dtype | None = None
+) -> bool | torch.dtype:
+    """The flash form for a layer: cpu target, no soft-cap (see :data:`CPU_FLASH_ATTENTION`).
+
+    Returns False (the card's matmul form), True (flash in the query's dtype) or
+    the dtype the flash kernel computes in: float32 when this CPU has no fast
+    GEMM for ``dtype`` (:func:`~spyre_inference.platform.device.host_gemm_dtype`),
+    since the CPU flash kernel's tile products are GEMMs too.
+    """
+    if not (CPU_FLASH_ATTENTION and logits_soft_cap is None and not placement.is_spyre()):
+        return False
+    gemm = placement.host_gemm_dtype(dtype) if dtype is not None else None
+    return gemm if gemm is not None else True
 
 
 def model_compiles(vllm_config: VllmConfig) -> bool:

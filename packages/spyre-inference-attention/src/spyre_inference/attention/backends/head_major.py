@@ -148,7 +148,7 @@ class SpyreHeadMajorAttentionImpl(SpyreAttentionImpl):
                 self.scale,
                 self.logits_soft_cap,
                 tile,
-                policy.use_flash(self.logits_soft_cap),
+                policy.use_flash(self.logits_soft_cap, query.dtype),
             )
             output[seq.query_start : seq.query_start + seq.query_len].copy_(result[: seq.query_len])
 

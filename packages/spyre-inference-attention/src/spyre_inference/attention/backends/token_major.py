@@ -679,7 +679,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
                 tile,
                 slopes,
                 bias,
-                policy.use_flash(self.logits_soft_cap),
+                policy.use_flash(self.logits_soft_cap, query.dtype),
             )
             output[seq.query_start : seq.query_start + seq.query_len].copy_(result[: seq.query_len])
 
@@ -705,7 +705,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             self._tile(kv_cache, md.block_size, batch.num_seqs_bucket, 1),
             slopes,
             md.decode_alibi_bias() if slopes is not None else None,
-            policy.use_flash(self.logits_soft_cap),
+            policy.use_flash(self.logits_soft_cap, query.dtype),
         )
         output.index_copy_(0, batch.out_index, result[: batch.num_seqs])
 

@@ -64,7 +64,7 @@ def online_softmax(
     logits_soft_cap: float | None,
     stats: torch.dtype,
     groups: int,
-    flash: bool = False,
+    flash: bool | torch.dtype = False,
 ) -> torch.Tensor:
     """``softmax(q k^T * scale + bias) v`` over KV tiles, one tile at a time.
 
@@ -88,16 +88,20 @@ def online_softmax(
     q_len = rows // groups
     if flash:
         assert logits_soft_cap is None, "the flash form has no soft-cap"
+        # ``flash`` may name the dtype the kernel computes in (float32 on a CPU
+        # without a fast bfloat16 GEMM: the kernel's tile products are GEMMs).
+        compute = flash if isinstance(flash, torch.dtype) else q.dtype
+        qc = q.to(compute)
         out = lse = None
         for k, v, bias in tiles:
             tokens = k.shape[2]
             mask = bias.expand(b, bias.shape[1], groups, q_len, tokens)
             mask = mask.reshape(b, bias.shape[1], rows, tokens)
-            # In the query dtype, as the kernel wants; clamped so float16's
-            # range keeps the "masked" value finite (see mask_value).
-            mask = mask.clamp_min(mask_value(q.dtype)).to(q.dtype)
+            # In the kernel's dtype, as it wants; clamped so float16's range
+            # keeps the "masked" value finite (see mask_value).
+            mask = mask.clamp_min(mask_value(compute)).to(compute)
             tile_out, tile_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                q, k, v, 0.0, False, attn_mask=mask, scale=scale
+                qc, k.to(compute), v.to(compute), 0.0, False, attn_mask=mask, scale=scale
             )
             tile_out = tile_out.to(stats)
             if out is None:
@@ -165,7 +169,7 @@ def page_attention(
     pages_per_tile: int,
     alibi_slopes: torch.Tensor | None = None,
     alibi_bias: torch.Tensor | None = None,
-    flash: bool = False,
+    flash: bool | torch.dtype = False,
 ) -> torch.Tensor:
     """Attention of one sequence's query rows over its token-major pages.
 
@@ -226,7 +230,7 @@ def batched_decode_attention(
     pages_per_tile: int,
     alibi_slopes: torch.Tensor | None = None,
     alibi_bias: torch.Tensor | None = None,
-    flash: bool = False,
+    flash: bool | torch.dtype = False,
 ) -> torch.Tensor:
     """One query row per sequence, many sequences in one call (token-major pages).
 
@@ -277,7 +281,7 @@ def head_major_page_attention(
     scale: float,
     logits_soft_cap: float | None,
     pages_per_tile: int,
-    flash: bool = False,
+    flash: bool | torch.dtype = False,
 ) -> torch.Tensor:
     """Attention of one sequence over head-major pages (spec, "LX-resident pages").
 
