@@ -125,9 +125,13 @@ def _profiled(llm: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, 
 def measure(
     llm: Any, w1: list[list[int]], w2: list[list[int]], decode_steps: int = 8
 ) -> dict[str, dict[str, float]]:
-    """Per-decode-step proxies at batch 1 (W1's prompt) and at W2's batch."""
+    """Per-decode-step proxies at batch 1 (W1's prompt) and at W2's batch size."""
     out: dict[str, dict[str, float]] = {}
-    for label, prompts in ((f"batch {len(w1)}", w1), (f"batch {len(w2)}", w2)):
+    # The batch's prompts are cut to 16 tokens so that all 32 prefill in one
+    # 512-token step: otherwise chunked prefill spreads over several steps that
+    # also carry decodes, and the difference would not be decode steps only.
+    batch = [p[:16] for p in w2]
+    for label, prompts in ((f"batch {len(w1)}", w1), (f"batch {len(batch)}", batch)):
         _profiled(llm, prompts, 1 + decode_steps)  # profiler warm-up
         prefill = _profiled(llm, prompts, 1)
         full = _profiled(llm, prompts, 1 + decode_steps)

