@@ -118,10 +118,22 @@ def generated_pages() -> dict[str, str]:
     }
 
 
+def benchmark_assets() -> dict[str, Path]:
+    """Plots the result pages link to, served next to those pages."""
+    results = REPO / "benchmarks" / "results"
+    return {
+        f"benchmarks/{path.name}": path
+        for path in sorted(results.glob("*"))
+        if path.suffix in (".svg", ".png")
+    }
+
+
 def on_files(files: Files, config) -> Files:
     for src_uri, content in generated_pages().items():
         existing = files.get_file_from_path(src_uri)
         if existing is not None:
             files.remove(existing)
         files.append(File.generated(config, src_uri, content=content))
+    for src_uri, path in benchmark_assets().items():
+        files.append(File.generated(config, src_uri, abs_src_path=str(path)))
     return files
