@@ -40,6 +40,26 @@ def _title(proc: psutil.Process) -> str:
         return ""
 
 
+def _vllm_children(proc: psutil.Process) -> list[psutil.Process]:
+    """``proc``'s children that vLLM started (not multiprocessing's resource tracker)."""
+    return [p for p in proc.children() if "resource_tracker" not in _title(p)]
+
+
+def _victim(server_pid: int, tp: int) -> psutil.Process:
+    """A process running a worker: the engine core at TP=1, else one of the TP workers.
+
+    Found by position in the tree rather than by title: the API server's one
+    vLLM child is the engine core (``VLLM::EngineCore``), which at TP=1 runs
+    the worker itself and at TP>1 starts one worker process per rank.
+    """
+    (engine_core,) = _vllm_children(psutil.Process(server_pid))
+    if tp == 1:
+        return engine_core
+    workers = _vllm_children(engine_core)
+    assert len(workers) == tp, [_title(w) for w in workers]
+    return workers[-1]
+
+
 def _stream(base_url: str, i: int, started: threading.Event, outcome: list) -> None:
     """A long greedy stream; records how it ended (error, or finished against all odds)."""
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
@@ -59,7 +79,7 @@ def _stream(base_url: str, i: int, started: threading.Event, outcome: list) -> N
 
 @pytest.mark.parametrize(
     ("tp", "victim"),
-    [(1, "VLLM::EngineCore"), (2, "VLLM::Worker_TP1")],
+    [(1, "engine core (its worker in-process)"), (2, "one of the two worker processes")],
     ids=["engine-core-tp1", "worker-tp2"],
 )
 def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
@@ -74,8 +94,8 @@ def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
         "--enforce-eager",
     ]  # fmt: skip
     with serve(tiny_llama, args) as srv:
-        workers = [p for p in _descendants(srv.proc.pid) if victim in _title(p)]
-        assert len(workers) == 1, [_title(p) for p in _descendants(srv.proc.pid)]
+        target = _victim(srv.proc.pid, tp)
+        target_title = _title(target)
         processes = _descendants(srv.proc.pid)
 
         started = [threading.Event() for _ in range(3)]
@@ -89,7 +109,7 @@ def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
         for ev in started:
             assert ev.wait(120), "no stream started"
 
-        os.kill(workers[0].pid, signal.SIGKILL)
+        os.kill(target.pid, signal.SIGKILL)
         killed_at = time.monotonic()
 
         health: list[int | str] = []
@@ -108,8 +128,9 @@ def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
             assert not t.is_alive(), "a stream still hangs after the server exited"
 
         print(
-            f"\nkilled {victim} (tp={tp}); exit status {srv.proc.returncode} after "
-            f"{exit_after:.1f} s; /health: {sorted(set(map(str, health)))}; streams: {outcomes}"
+            f"\nkilled the {victim} ({target_title.split()[0]}, tp={tp}); exit status "
+            f"{srv.proc.returncode} after {exit_after:.1f} s; "
+            f"/health: {sorted(set(map(str, health)))}; streams: {outcomes}"
         )
         assert 503 in health, f"/health never reported unhealthy: {health}"
         assert 200 not in health[health.index(503) :], health

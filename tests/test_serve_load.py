@@ -9,7 +9,8 @@ what else is in the batch) takes, from the official ``openai`` async client:
 * bad requests mixed into that load, each of which must get a 4xx whose
   message says what is wrong, without disturbing the good ones;
 * 50 streams cancelled mid-stream, after which the KV cache (read from
-  ``/metrics``) must be empty again and new requests must still be answered.
+  ``/metrics``) must be empty again and new requests must still be answered;
+* finally a SIGTERM to its process group: a clean stop, exit status 0.
 
 Kept cheap for CI: few compiled shapes (two num_tokens buckets, one
 batched-decode bucket, two KV-length buckets), short outputs.
@@ -18,6 +19,8 @@ batched-decode bucket, two KV-length buckets), short outputs.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import openai
@@ -188,3 +191,23 @@ def test_cancelled_streams_free_the_kv_cache(server) -> None:
     outs, refs = asyncio.run(after())
     assert outs == refs
     assert all(isinstance(o, str) and o for o in outs)
+
+
+def test_a_requested_stop_exits_zero(server) -> None:
+    """SIGTERM to the whole process group (systemd's default, Ctrl-C) is a clean stop.
+
+    The engine process gets the signal too and may go down before the API
+    server cancels its output handler, which makes vLLM log the same failure as
+    an engine death; the plugin's exit status must still be 0 here (it is 1
+    only for a real death, see ``test_serve_engine_fault.py``). No stream is
+    open: vLLM 0.33 can leave in-flight streams waiting after such a stop
+    (its shutdown cancels the output handler without failing them), and the
+    server then waits for those clients to disconnect. Runs last: it stops the
+    module's server.
+    """
+    api = openai.OpenAI(base_url=server.url("/v1"), api_key="unused", max_retries=0)
+    assert api.completions.create(model=MODEL, prompt="Hello", max_tokens=4).choices[0].text
+    os.killpg(server.proc.pid, signal.SIGTERM)
+    status = server.proc.wait(timeout=120)
+    assert status == 0, server.log()[-3000:]
+    assert "exiting with status 1" not in server.log()

@@ -10,9 +10,17 @@ possible one, in the API-server process only:
 
 * the signal is vLLM's own: ``AsyncLLM``'s output handler logs its failure
   (``logger.exception("AsyncLLM output_handler failed.")``, with the
-  ``EngineDeadError`` attached) exactly when the engine is gone and the
-  watchdog is about to stop the server; a logging handler on that module's
-  logger notes it;
+  ``EngineDeadError`` attached) when the engine is gone; a logging handler on
+  that module's logger notes it;
+* the same record is also written when the server stops on request and its
+  engine goes down first (a SIGTERM to the whole process group, as ``systemd``
+  or Ctrl-C send it, races the engine's shutdown against the output handler's
+  cancellation). vLLM's engine-process manager tells the two apart: when the
+  server stops the engine it sets ``manager_stopped`` first, and an engine
+  process that exits non-zero while the manager is not stopping is recorded in
+  ``failed_proc_name``. The handler reads both from the failing
+  ``output_handler`` frame (its ``engine_core`` client) and ignores a failure
+  during a requested stop;
 * at interpreter exit, after vLLM's own shutdown has run, an ``atexit``
   callback turns a noted failure into exit status :data:`EXIT_STATUS`
   (``os._exit``, after flushing logging and the standard streams: Python
@@ -29,6 +37,8 @@ import atexit
 import logging
 import os
 import sys
+import threading
+from types import TracebackType
 
 from spyre_inference.platform.logs import get_logger
 
@@ -50,8 +60,28 @@ class EngineDeathWatch(logging.Handler):
         self.engine_died = False
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.funcName == OUTPUT_HANDLER and record.exc_info is not None:
+        if record.funcName != OUTPUT_HANDLER or record.exc_info is None:
+            return
+        if not _requested_stop(record.exc_info[2]):
             self.engine_died = True
+
+
+def _requested_stop(tb: TracebackType | None) -> bool:
+    """Whether the server itself was stopping its engine when the output handler failed.
+
+    Read from vLLM 0.33's engine-process manager, reached through the
+    ``engine_core`` client of the failing ``output_handler`` frame. Without a
+    manager (engines not started by this process) or when vLLM's internals
+    differ, the failure counts as a death.
+    """
+    if tb is None:
+        return False
+    engine_core = tb.tb_frame.f_locals.get("engine_core")
+    manager = getattr(getattr(engine_core, "resources", None), "engine_manager", None)
+    stopping = getattr(manager, "manager_stopped", None)
+    if not isinstance(stopping, threading.Event):
+        return False
+    return stopping.is_set() and getattr(manager, "failed_proc_name", None) is None
 
 
 _watch: EngineDeathWatch | None = None
