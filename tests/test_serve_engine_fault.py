@@ -79,7 +79,7 @@ def _stream(base_url: str, i: int, started: threading.Event, outcome: list) -> N
 
 @pytest.mark.parametrize(
     ("tp", "victim"),
-    [(1, "engine core (its worker in-process)"), (2, "one of the two worker processes")],
+    [(1, "the engine core (its worker in-process)"), (2, "one of the two worker processes")],
     ids=["engine-core-tp1", "worker-tp2"],
 )
 def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
@@ -128,7 +128,7 @@ def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
             assert not t.is_alive(), "a stream still hangs after the server exited"
 
         print(
-            f"\nkilled the {victim} ({target_title.split()[0]}, tp={tp}); exit status "
+            f"\nkilled {victim} ({target_title.split()[0]}, tp={tp}); exit status "
             f"{srv.proc.returncode} after {exit_after:.1f} s; "
             f"/health: {sorted(set(map(str, health)))}; streams: {outcomes}"
         )
