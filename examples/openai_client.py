@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     model = args.model or models[0]
     print(f"served models: {models}; using {model!r}")
 
-    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    messages = [{"role": "user", "content": "Name the capital of France."}]
     kwargs = dict(model=model, messages=messages, max_tokens=args.max_tokens, temperature=0)
     reply = client.chat.completions.create(**kwargs)
     answer = reply.choices[0].message.content or ""

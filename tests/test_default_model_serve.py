@@ -28,7 +28,7 @@ def test_chat_capital_of_france_is_paris() -> None:
         client = openai.OpenAI(base_url=server.url("/v1"), api_key="unused")
         out = client.chat.completions.create(
             model="smollm2",
-            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            messages=[{"role": "user", "content": dm.DEMO_QUESTION}],
             max_tokens=20,
             temperature=0,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import json
+import os
 
 import pytest
 
@@ -17,8 +18,14 @@ from spyre_inference.platform import diagnostics
 PACKAGES = ("platform", "ops", "attention", "models", "comms")
 
 
-def test_report_lists_the_full_set(capsys: pytest.CaptureFixture[str]) -> None:
+def test_report_lists_the_full_set(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VLLM_CONFIGURE_LOGGING", raising=False)
     assert diagnostics.main(["--json"]) == 0
+    # The report silences vLLM's logging only while it runs: a leak here once
+    # turned off the logs of every `vllm serve` started later by this process.
+    assert "VLLM_CONFIGURE_LOGGING" not in os.environ
     report = json.loads(capsys.readouterr().out)
     assert report["device_target"]["target"] == "cpu"
     assert report["vllm_platform"] == "spyre_inference.platform.platform.TorchSpyrePlatform"

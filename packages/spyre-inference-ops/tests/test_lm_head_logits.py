@@ -4,8 +4,9 @@ The head's per-rank rows are padded to a multiple of 64x32 = 2048 and stored
 transposed; the logits it produces (after the un-pad slice) must equal
 upstream's ``F.linear`` logits: float32 within 1e-5, bfloat16 within
 rtol = atol = 1.6e-2 (hidden states and weights of unit scale, logits of
-order 1). The logits reach the host in the model dtype: the sampler's float32
-cast happens there, never on the device.
+order 1). The logits reach the host in the model dtype (the sampler's float32
+cast happens there, never on the device), or in float32 where the cpu target
+computes the head on a float32 weight copy (``SPYRE_CPU_GEMM_DTYPE``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 from ops_testutil import default_dtype, process_after_loading, tol, upstream_layers
+
+from spyre_inference.platform.device import host_gemm_dtype
 
 HIDDEN = 64
 VOCAB = 1000  # vLLM pads to 1024 (a multiple of 64); the Spyre head to 2048
@@ -64,9 +67,37 @@ def test_spyre_logits_match_upstream(vllm_env, dtype, soft_cap, scale):
         ref = ref_processor(ref_head, hidden)
         assert logits.shape == ref.shape == (tokens, VOCAB)
         assert logits.device.type == "cpu"
-        # The sampler's float32 cast has not happened yet (it must run on the host).
-        assert logits.dtype == dtype
-        torch.testing.assert_close(logits, ref, **tol(dtype))
+        # The sampler's float32 cast has not happened yet (it must run on the
+        # host); a head computed on a float32 weight copy keeps its float32.
+        assert logits.dtype == (host_gemm_dtype(dtype) or dtype)
+        torch.testing.assert_close(logits.to(dtype), ref, **tol(dtype))
+
+
+@pytest.mark.parametrize("mode", ["float32", "model"])
+def test_cpu_gemm_head_keeps_float32_logits(vllm_env, monkeypatch, mode):
+    """SPYRE_CPU_GEMM_DTYPE=float32: a bfloat16 head returns the float32 product
+    unrounded (bfloat16 logits near 20 are 0.125 apart: near-ties between top
+    tokens would become exact ties); =model returns bfloat16 logits."""
+    from spyre_inference.platform import device as dev
+
+    monkeypatch.setenv("SPYRE_CPU_GEMM_DTYPE", mode)
+    dev.reset_for_tests()
+    try:
+        g = torch.Generator().manual_seed(6)
+        weight = torch.randn(VOCAB, HIDDEN, generator=g) / HIDDEN**0.5
+        head, processor = _head_and_processor(torch.bfloat16, weight)
+        hidden = torch.randn(3, HIDDEN, generator=g).to(torch.bfloat16)
+        logits = processor(head, hidden)
+        exact = hidden.float() @ weight.to(torch.bfloat16).float().t()
+        if mode == "model":
+            assert logits.dtype == torch.bfloat16
+            torch.testing.assert_close(logits, exact.bfloat16(), **tol(torch.bfloat16))
+        else:
+            assert logits.dtype == torch.float32
+            torch.testing.assert_close(logits, exact, rtol=1e-5, atol=1e-5)
+    finally:
+        monkeypatch.delenv("SPYRE_CPU_GEMM_DTYPE")
+        dev.reset_for_tests()
 
 
 def test_lm_head_bias_after_unpad(vllm_env):

@@ -4,7 +4,8 @@ The per-rank LM-head weight ``[vocab_per_rank, hidden]`` is zero-padded to a
 multiple of ``64 * 32`` rows (whole 64-element sticks across Spyre's 32 cores,
 so the vocabulary axis of ``x @ Wt`` splits evenly) and transposed once at load
 to ``[hidden, vocab_padded]``. ``apply`` runs the plain matmul and slices the
-pad columns off on the device; the logits stay on the device, so a TP
+pad columns off on the device (on a cpu target that computes it on a float32
+weight copy, the logits stay float32); the logits stay on the device, so a TP
 all-gather runs there (the logits processor moves them to the host after).
 """
 
@@ -38,6 +39,12 @@ class SpyreUnquantizedLMHeadMethod(SpyreTransposedWeightMethod, UnquantizedEmbed
 
     WEIGHT_T_ATTR = "padded_weight_t"
     ROW_ALIGN = LM_HEAD_ROW_ALIGN
+    # Where the cpu target computes the head in float32 anyway, hand the
+    # sampler those float32 logits (it casts to float32 first thing) instead
+    # of rounding them to bfloat16: bfloat16 logits of ~20 are 0.125 apart, so
+    # near-ties between the top tokens become exact ties broken by token id.
+    # vLLM's own ``head_dtype`` option shows float32 logits are supported.
+    KEEP_GEMM_DTYPE = True
 
 
 @spyre_oot(ParallelLMHead)

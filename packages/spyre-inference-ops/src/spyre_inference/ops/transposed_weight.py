@@ -45,16 +45,20 @@ def spyre_linear_t(
     bias: torch.Tensor | None = None,
     out_features: int | None = None,
     gemm_weight_t: torch.Tensor | None = None,
+    keep_gemm_dtype: bool = False,
 ) -> torch.Tensor:
     """``x @ weight_t (+ bias)`` with ``weight_t`` stored ``[in, out_padded]``.
 
     ``out_features`` below the stored width drops the trailing pad columns: an
     offset-0 slice, which Spyre copies without restickifying. ``gemm_weight_t``
     (cpu target, see the module docstring) is the same matrix in the host
-    GEMM's dtype: the product is computed there and returned in ``x``'s dtype.
+    GEMM's dtype: the product is computed there and returned in ``x``'s dtype,
+    or left in the GEMM's dtype with ``keep_gemm_dtype``.
     """
     if gemm_weight_t is not None:
-        out = torch.matmul(x.to(gemm_weight_t.dtype), gemm_weight_t).to(x.dtype)
+        out = torch.matmul(x.to(gemm_weight_t.dtype), gemm_weight_t)
+        if not keep_gemm_dtype:
+            out = out.to(x.dtype)
     else:
         out = torch.matmul(x, weight_t)
     if out_features is not None and out_features != out.shape[-1]:
@@ -79,6 +83,9 @@ class SpyreTransposedWeightMethod:
 
     WEIGHT_T_ATTR: str = "weight"
     ROW_ALIGN: int = 1
+    #: Return the product in the host GEMM's dtype rather than the input's
+    #: (only where a float32 copy exists, i.e. on the cpu target).
+    KEEP_GEMM_DTYPE: bool = False
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         if getattr(layer, TRANSPOSED_FLAG, False):
@@ -123,6 +130,7 @@ class SpyreTransposedWeightMethod:
             bias,
             getattr(layer, OUT_FEATURES_ATTR),
             getattr(layer, GEMM_WEIGHT_ATTR, None),
+            self.KEEP_GEMM_DTYPE,
         )
 
 

@@ -255,9 +255,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
-    # vLLM's logger writes INFO lines to stdout; the report is the only output wanted.
+    # vLLM's logger writes INFO lines to stdout; the report is the only output
+    # wanted. Restored afterwards: a caller that runs main() in-process (the
+    # tests do) must not pass the setting on to the vLLM servers it starts later.
+    previous = os.environ.get("VLLM_CONFIGURE_LOGGING")
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
-    report = collect()
+    try:
+        report = collect()
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_CONFIGURE_LOGGING", None)
     print(json.dumps(report, indent=2) if args.json else render(report))
     return 0
 
