@@ -27,11 +27,6 @@ from minilm_data import (
 def test_minilm_embed_matches_sentence_transformers(eager, make_llm, monkeypatch) -> None:
     path = minilm_path()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    if eager:
-        # The attention package's warm-up recorder reads ``compile_store``,
-        # which the encoder impl lacks, when the model runs eagerly; lazy
-        # compilation (a documented setting) skips it. Reported to the lead.
-        monkeypatch.setenv("SPYRE_ATTN_RECORD", "0")
     want = reference_embeddings(path, SENTENCES)
     llm = make_llm(path, max_model_len=256, max_num_batched_tokens=512, enforce_eager=eager)
     got = torch.tensor([o.outputs.embedding for o in llm.embed(SENTENCES)])
