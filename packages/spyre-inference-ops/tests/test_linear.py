@@ -195,32 +195,52 @@ def test_selection_keeps_unquantized_specialisations(vllm_env):
     assert install_transposed_method(layer) is True
 
 
-@pytest.mark.parametrize("mode", ["float32", "model"])
-def test_cpu_gemm_dtype(vllm_env, monkeypatch, mode):
-    """SPYRE_CPU_GEMM_DTYPE=float32: a bfloat16 layer keeps a float32 copy of its
-    [in, out] weight (not in the state dict) and computes x @ Wt in float32,
-    exactly the float32 product of the bfloat16 values, rounded once to bfloat16;
-    =model keeps the bfloat16 matmul and no copy."""
-    from spyre_inference.ops.transposed_weight import GEMM_WEIGHT_ATTR
+@pytest.mark.parametrize(
+    ("mode", "kernel"), [("float32", "torch"), ("float32", "auto"), ("model", "auto")]
+)
+def test_cpu_gemm_dtype(vllm_env, monkeypatch, mode, kernel):
+    """SPYRE_CPU_GEMM_DTYPE=float32: a bfloat16 layer computes x @ Wt in float32,
+    the float32 product of the bfloat16 values rounded once to bfloat16: on a
+    float32 copy of its [in, out] weight (not in the state dict) with
+    SPYRE_CPU_GEMM_KERNEL=torch, or through the host kernel on the bfloat16
+    weight itself (no copy) where that kernel runs; =model keeps the bfloat16
+    matmul and no copy."""
+    from spyre_inference.ops.host_gemm import kernel_available
+    from spyre_inference.ops.transposed_weight import GEMM_WEIGHT_ATTR, HOST_KERNEL_ATTR
     from spyre_inference.platform import device as dev
 
     monkeypatch.setenv("SPYRE_CPU_GEMM_DTYPE", mode)
+    monkeypatch.setenv("SPYRE_CPU_GEMM_KERNEL", kernel)
     dev.reset_for_tests()
     try:
+        use_kernel = mode == "float32" and kernel_available(torch.bfloat16)
+        if kernel == "auto" and mode == "float32" and not use_kernel:
+            pytest.skip("the host GEMM kernel does not run on this machine")
         ckpt = _checkpoint("merged", bias=False)
         layer = _build(ckpt, torch.bfloat16)
         gemm = getattr(layer, GEMM_WEIGHT_ATTR, None)
         assert GEMM_WEIGHT_ATTR not in layer.state_dict()
+        assert getattr(layer, HOST_KERNEL_ATTR, False) is use_kernel
         x = torch.randn(8, ckpt["in"], generator=torch.Generator().manual_seed(2)).bfloat16()
         out, _ = layer(x)
         if mode == "model":
             assert gemm is None
             torch.testing.assert_close(out, x @ layer.weight, **tol(torch.bfloat16))
+            return
+        ref = (x.double() @ layer.weight.double()).bfloat16()
+        if use_kernel:
+            assert gemm is None
+            # Summation order differs from torch's float32 GEMM; the float32
+            # sums agree to ~1e-6 relative, so at most a bfloat16 rounding
+            # boundary apart.
+            torch.testing.assert_close(out, ref, rtol=8e-3, atol=1e-5)
         else:
             assert gemm is not None and gemm.dtype == torch.float32
             assert torch.equal(gemm, layer.weight.float())
-            ref = (x.float() @ layer.weight.float()).bfloat16()
-            torch.testing.assert_close(out, ref, rtol=0, atol=0)
+            torch.testing.assert_close(
+                out, (x.float() @ layer.weight.float()).bfloat16(), rtol=0, atol=0
+            )
     finally:
         monkeypatch.delenv("SPYRE_CPU_GEMM_DTYPE")
+        monkeypatch.delenv("SPYRE_CPU_GEMM_KERNEL")
         dev.reset_for_tests()

@@ -14,9 +14,11 @@ whether its output columns are padded to a row multiple first (``ROW_ALIGN``);
 defaults (in place, no padding); the LM head pads the vocabulary to 64x32.
 
 On the cpu target, when the host CPU has no fast GEMM for the model dtype
-(:func:`spyre_inference.platform.device.host_gemm_dtype`), the layer also keeps
-a float32 copy of the same ``[in, out]`` matrix (``GEMM_WEIGHT_ATTR``, a
-non-persistent buffer: not in the state dict) and the matmul runs on it.
+(:func:`spyre_inference.platform.device.host_gemm_dtype` says float32), the
+matmul computes in float32 over the 16-bit ``[in, out]`` weight: through the
+plugin's own kernel (:mod:`spyre_inference.ops.host_gemm`, ``HOST_KERNEL_ATTR``)
+where it runs, else on a float32 copy of the same matrix (``GEMM_WEIGHT_ATTR``,
+a non-persistent buffer: not in the state dict) with torch's GEMM.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch.nn.functional as F
 from torch.nn import Parameter
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
+from spyre_inference.ops.host_gemm import host_gemm_w16, kernel_unavailable_reason
 from spyre_inference.platform.device import host_gemm_dtype, round_up
 
 #: Attribute recording that a layer's weight is already stored transposed, so a
@@ -37,6 +40,9 @@ OUT_FEATURES_ATTR = "_spyre_out_features"
 #: cpu target without a fast model-dtype GEMM: the ``[in, out]`` matrix in the
 #: dtype the host GEMM computes in.
 GEMM_WEIGHT_ATTR = "_spyre_gemm_weight_t"
+#: cpu target without a fast model-dtype GEMM: True when the float32 product
+#: runs through the host kernel on the 16-bit matrix itself (no copy).
+HOST_KERNEL_ATTR = "_spyre_host_kernel"
 
 
 def spyre_linear_t(
@@ -46,6 +52,7 @@ def spyre_linear_t(
     out_features: int | None = None,
     gemm_weight_t: torch.Tensor | None = None,
     keep_gemm_dtype: bool = False,
+    host_kernel: bool = False,
 ) -> torch.Tensor:
     """``x @ weight_t (+ bias)`` with ``weight_t`` stored ``[in, out_padded]``.
 
@@ -53,9 +60,17 @@ def spyre_linear_t(
     offset-0 slice, which Spyre copies without restickifying. ``gemm_weight_t``
     (cpu target, see the module docstring) is the same matrix in the host
     GEMM's dtype: the product is computed there and returned in ``x``'s dtype,
-    or left in the GEMM's dtype with ``keep_gemm_dtype``.
+    or left in the GEMM's dtype with ``keep_gemm_dtype``. ``host_kernel``
+    (cpu target) computes the same float32 product with the host kernel on
+    ``weight_t`` itself.
     """
-    if gemm_weight_t is not None:
+    if host_kernel:
+        # The widening cast is outside the op so Inductor fuses it into the
+        # kernel that produces x (norm, activation).
+        out = host_gemm_w16(x.to(torch.float32), weight_t)
+        if not keep_gemm_dtype:
+            out = out.to(x.dtype)
+    elif gemm_weight_t is not None:
         out = torch.matmul(x.to(gemm_weight_t.dtype), gemm_weight_t)
         if not keep_gemm_dtype:
             out = out.to(x.dtype)
@@ -110,7 +125,11 @@ class SpyreTransposedWeightMethod:
         setattr(layer, OUT_FEATURES_ATTR, out_features)
         setattr(layer, TRANSPOSED_FLAG, True)
         gemm_dtype = host_gemm_dtype(weight_t.dtype)
-        if gemm_dtype is not None:
+        if gemm_dtype is None:
+            return
+        if gemm_dtype == torch.float32 and kernel_unavailable_reason(weight_t.dtype) is None:
+            setattr(layer, HOST_KERNEL_ATTR, True)
+        else:
             layer.register_buffer(GEMM_WEIGHT_ATTR, weight_t.data.to(gemm_dtype), persistent=False)
 
     def apply(
@@ -131,6 +150,7 @@ class SpyreTransposedWeightMethod:
             getattr(layer, OUT_FEATURES_ATTR),
             getattr(layer, GEMM_WEIGHT_ATTR, None),
             self.KEEP_GEMM_DTYPE,
+            getattr(layer, HOST_KERNEL_ATTR, False),
         )
 
 

@@ -148,6 +148,16 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("auto", "model", "float32"),
     ),
     Setting(
+        "SPYRE_CPU_GEMM_KERNEL",
+        "auto",
+        "cpu target, where matmuls with bfloat16/float16 weights compute in float32 (see "
+        "SPYRE_CPU_GEMM_DTYPE): how. `auto` uses the plugin's AVX2 kernel, which reads the "
+        "16-bit `[in, out]` weights directly (built once with the system C compiler into "
+        "`~/.cache/spyre-inference/kernels`), when the CPU has AVX2/FMA/F16C and a compiler "
+        "exists, else float32 weight copies and torch's GEMM; `torch` always uses the copies.",
+        choices=("auto", "torch"),
+    ),
+    Setting(
         "SPYRE_DEFAULT_MODEL_DIR",
         "",
         "Folder of the embedded default model (SmolLM2-135M-Instruct converted to a "

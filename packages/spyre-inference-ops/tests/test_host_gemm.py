@@ -1,0 +1,111 @@
+"""The cpu target's host GEMM kernel against float64 PyTorch products.
+
+The kernel (``csrc/host_gemm.c``) reads bfloat16/float16 ``[in, out]`` weights
+and accumulates in float32. The reference here is torch's float64 matmul of the
+same values; float32 accumulation over K terms stays within ``K * eps32`` of it
+relative to ``sum |x| |w|``. Beyond closeness the kernel promises batch
+invariance (a row's bits do not depend on how many rows share the call, or on
+the thread count), which the decode path relies on so that a sequence decodes
+the same alone or in a batch; those checks are bitwise.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spyre_inference.ops.host_gemm import host_gemm_w16, kernel_unavailable_reason
+
+_REASON = kernel_unavailable_reason(torch.bfloat16)
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"host GEMM kernel: {_REASON}")
+
+EPS32 = torch.finfo(torch.float32).eps
+
+
+def _inputs(m: int, k: int, n: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(m, k, generator=g)
+    w = (torch.randn(k, n, generator=g) / k**0.5).to(dtype)
+    return x, w
+
+
+def _assert_close_to_float64(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    ref = x.double() @ w.double()
+    bound = x.double().abs() @ w.double().abs()
+    k = x.shape[-1]
+    err = (y.double() - ref).abs()
+    assert y.dtype == torch.float32
+    assert torch.all(err <= 2 * k * EPS32 * bound + 1e-30), float((err / (bound + 1e-30)).max())
+
+
+# Row counts cover both paths (<= 4 rows stream, more rows use register tiles
+# of 6/4/2) and their remainders; column counts cover whole 16-column panels,
+# 8-column vectors and scalar tails; K covers odd lengths and a 4-row remainder.
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 7, 8, 13, 32, 70])
+@pytest.mark.parametrize(("k", "n"), [(64, 64), (100, 37), (576, 960), (33, 8), (7, 130)])
+def test_matches_float64(m, k, n):
+    x, w = _inputs(m, k, n, torch.bfloat16)
+    _assert_close_to_float64(host_gemm_w16(x, w), x, w)
+
+
+@pytest.mark.parametrize("m", [1, 3, 9])
+def test_float16_weights(m):
+    x, w = _inputs(m, 96, 72, torch.float16, seed=1)
+    _assert_close_to_float64(host_gemm_w16(x, w), x, w)
+
+
+def test_strided_weight_and_leading_dims():
+    """A column slice of a wider matrix (row stride != columns) and a 3-D,
+    bfloat16 activation: the op widens x exactly and keeps its leading dims."""
+    x, wide = _inputs(6, 128, 200, torch.bfloat16, seed=2)
+    w = wide[:, 3:131]
+    assert not w.is_contiguous() and w.stride(1) == 1
+    xb = x.bfloat16().reshape(2, 3, 128)
+    y = host_gemm_w16(xb, w)
+    assert y.shape == (2, 3, 128)
+    _assert_close_to_float64(y.reshape(6, 128), xb.float().reshape(6, 128), w)
+
+
+def test_rows_do_not_depend_on_batch_size():
+    """Bitwise: each row equals the same row computed alone, and in batches of
+    other sizes (both kernel paths)."""
+    x, w = _inputs(40, 320, 200, torch.bfloat16, seed=3)
+    full = host_gemm_w16(x, w)
+    alone = torch.cat([host_gemm_w16(x[i : i + 1], w) for i in range(40)])
+    assert torch.equal(full, alone)
+    for m in (2, 4, 5, 6, 11, 33):
+        assert torch.equal(host_gemm_w16(x[:m], w), full[:m])
+
+
+def test_rows_do_not_depend_on_threads():
+    x, w = _inputs(9, 256, 1000, torch.bfloat16, seed=4)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = [host_gemm_w16(x[:m], w) for m in (1, 9)]
+        torch.set_num_threads(max(2, before))
+        many = [host_gemm_w16(x[:m], w) for m in (1, 9)]
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(a, b) for a, b in zip(one, many, strict=True))
+
+
+def test_inside_a_compiled_graph():
+    """The op is one opaque node in an Inductor graph (as in the block graphs):
+    same result as eager, no graph break."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return torch.relu(host_gemm_w16(x.float(), w)).to(x.dtype)
+
+    x, w = _inputs(5, 64, 48, torch.bfloat16, seed=5)
+    xb = x.bfloat16()
+    compiled = torch.compile(f, backend="inductor", fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(xb, w), f(xb, w))
+
+
+def test_bad_arguments_are_errors():
+    x, w = _inputs(2, 16, 8, torch.bfloat16)
+    with pytest.raises(ValueError, match="bfloat16/float16 weight"):
+        host_gemm_w16(x, w.float())
+    with pytest.raises(ValueError, match="features"):
+        host_gemm_w16(x[:, :15], w)
