@@ -25,7 +25,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
-import logging
 import os
 import platform
 import shutil
@@ -36,8 +35,9 @@ from pathlib import Path
 import torch
 
 from spyre_inference.platform import settings
+from spyre_inference.platform.logs import get_logger
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 OP_NAMESPACE = "spyre_inference"
 OP_NAME = "host_gemm_w16"

@@ -181,10 +181,12 @@ def host_gemm_dtype(dtype: torch.dtype) -> torch.dtype | None:
     type and ATen's fallback loops are 10-100x slower than its float32 GEMM
     (measured on a 2-core AVX2 EPYC: a bfloat16 ``[8, 576] @ [576, 3072]`` took
     39 ms, the same product in float32 1.6 ms). There the matmuls compute in
-    float32 on a float32 copy of the weights: every bfloat16/float16 value is
-    exact in float32 and the products accumulate in float32, as a bfloat16 GEMM
-    with float32 accumulation does, so results agree with it up to summation
-    order. The card and CPUs with the instructions keep ``dtype``.
+    float32: every bfloat16/float16 value is exact in float32 and the products
+    accumulate in float32, as a bfloat16 GEMM with float32 accumulation does,
+    so results agree with it up to summation order. The ops package decides
+    how (its AVX2 host kernel on the 16-bit weights, else float32 copies;
+    ``SPYRE_CPU_GEMM_KERNEL``). The card and CPUs with the instructions keep
+    ``dtype``.
     ``SPYRE_CPU_GEMM_DTYPE`` overrides the detection.
     """
     if is_spyre() or dtype not in (torch.bfloat16, torch.float16):
@@ -203,8 +205,8 @@ def host_gemm_dtype(dtype: torch.dtype) -> torch.dtype | None:
     if native:
         return None
     logger.info(
-        "cpu target: this CPU has no fast %s GEMM; matmuls compute in float32 on float32 "
-        "copies of the weights (SPYRE_CPU_GEMM_DTYPE=model keeps %s).",
+        "cpu target: this CPU has no fast %s GEMM; matmuls compute in float32 "
+        "(SPYRE_CPU_GEMM_DTYPE=model keeps %s).",
         dtype,
         dtype,
     )

@@ -142,7 +142,7 @@ SETTINGS: tuple[Setting, ...] = (
         "SPYRE_CPU_GEMM_DTYPE",
         "auto",
         "cpu target: the dtype matmuls with bfloat16/float16 weights compute in. `auto` "
-        "uses float32 (on float32 copies of the weights) when the CPU has no fast "
+        "uses float32 (how: SPYRE_CPU_GEMM_KERNEL) when the CPU has no fast "
         "bfloat16/float16 GEMM (no AVX-512 BF16/FP16 or AMX), else the model dtype; "
         "`model` always keeps the model dtype; `float32` always uses float32.",
         choices=("auto", "model", "float32"),
