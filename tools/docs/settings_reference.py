@@ -61,8 +61,13 @@ OTHER_VARIABLES: dict[str, tuple[str, str]] = {
         "`$XDG_CACHE_HOME/spyre-inference/inductor`.",
     ),
     "XDG_CACHE_HOME": (
-        "block_compile, default model",
+        "block_compile, default model, host GEMM kernel",
         "Base of the plugin's caches (`~/.cache` when unset).",
+    ),
+    "CC": (
+        "ops host_gemm",
+        "C compiler that builds the cpu target's host GEMM kernel once per machine "
+        "(default: the first of `cc`, `gcc`, `clang` on PATH).",
     ),
     "RANK": ("worker (set)", "Exported per worker before the process groups exist."),
     "LOCAL_RANK": ("worker (set)", "As `RANK`: libspyre_comms reads them when it loads."),
