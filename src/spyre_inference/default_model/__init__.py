@@ -89,8 +89,9 @@ def default_model_dir() -> Path:
     configured = settings.get("SPYRE_DEFAULT_MODEL_DIR")
     if configured:
         return Path(configured).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-    return Path(cache).expanduser() / "spyre-inference" / "models" / MODEL_NAME
+    from spyre_inference.platform.cache_dir import cache_root
+
+    return cache_root() / "models" / MODEL_NAME
 
 
 def find_gguf(package: str = GGUF_PACKAGE) -> Path:

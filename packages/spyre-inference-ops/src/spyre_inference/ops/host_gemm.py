@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from spyre_inference.platform import settings
+from spyre_inference.platform.cache_dir import cache_root
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
@@ -66,8 +67,7 @@ def _cpu_flags() -> set[str]:
 
 
 def kernel_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "spyre-inference" / "kernels"
+    return cache_root() / "kernels"
 
 
 def _compiler() -> str | None:

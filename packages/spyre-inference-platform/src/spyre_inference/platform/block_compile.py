@@ -41,6 +41,7 @@ import torch
 from torch import nn
 
 from spyre_inference.platform import settings
+from spyre_inference.platform.cache_dir import cache_root
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
@@ -107,8 +108,7 @@ def default_inductor_cache_dir() -> Path:
     Stable across reboots, unlike torch's default under the temp directory,
     and per user like every other cache in ``~/.cache``.
     """
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "spyre-inference" / "inductor"
+    return cache_root() / "inductor"
 
 
 def configure_inductor_cache() -> str:
