@@ -28,7 +28,7 @@ from vllm.exceptions import VLLMValidationError
 
 from spyre_inference.platform.testing import EOS_TOKEN_ID, TEST_PROMPTS, hf_greedy_with_logprobs
 from tests.features.hf_ref import HFModel
-from tests.features.util import greedy_params, token_ids
+from tests.features.util import STEP_BUDGET, greedy_params, token_ids
 
 LOGPROB_TOL = 1e-4
 PROMPTS = list(TEST_PROMPTS[1:4])
@@ -66,6 +66,28 @@ def test_seeded_sampling_is_reproducible(main_llm, greedy) -> None:
     again = main_llm.generate(PROMPTS + PROMPTS[:1], [*seeded, sampling(seed=4, **knobs)])
     assert token_ids(again[:3]) == first
     assert token_ids(again[3:]) != first[:1]
+
+
+@pytest.mark.feature("seed", "chunked_prefill")
+def test_seed_holds_when_its_prompt_is_chunked_next_to_decodes(main_llm) -> None:
+    """A seeded request samples the same tokens alone as when its prompt's chunks
+    share steps with another request's decodes.
+
+    Alone, every chunk but the last fills a whole step, so nothing is sampled
+    until the prompt is in. Next to a decoding request each step is sampled,
+    and the draw made for the unfinished prompt's row is thrown away: the
+    runner must undo it on the request's generator (vLLM rewinds a CUDA
+    generator's offset; host generators have none).
+    """
+    long_prompt = TEST_PROMPTS[-1]
+    assert len(main_llm.get_tokenizer().encode(long_prompt)) > 2 * STEP_BUDGET
+    seeded = sampling(seed=21, temperature=0.9)
+    alone = token_ids(main_llm.generate([long_prompt], [seeded]))
+    # The short request goes first, so it is decoding by the time the long
+    # prompt's chunks are scheduled, however the two reach the engine.
+    short = sampling(seed=22, temperature=0.9, max_tokens=4 * TOKENS)
+    _, mixed = main_llm.generate([TEST_PROMPTS[0], long_prompt], [short, seeded])
+    assert token_ids([mixed]) == alone
 
 
 @pytest.mark.feature("top_k", "top_p", "min_p", "temperature")

@@ -143,6 +143,47 @@ class TorchSpyreModelRunner(GPUModelRunner):
             )
             logger.info("Warm-up: sampler logprobs helper ready in %.1f s", seconds)
 
+    # ---- seeded sampling on host generators -------------------------------
+
+    def _discarded_generators(self) -> dict[int, torch.Generator]:
+        """Per-request generators of the rows whose sample this step throws away.
+
+        Those are requests still mid-prefill (a chunk that is not their last)
+        batched with requests that do sample.
+        """
+        num_reqs = self.input_batch.num_reqs
+        generators = self.input_batch.generators
+        rows = self.discard_request_mask.np[:num_reqs].nonzero()[0]
+        return {int(i): generators[int(i)] for i in rows if int(i) in generators}
+
+    def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
+        # The sampler draws for every row, including rows whose token is then
+        # discarded. vLLM undoes that draw by rewinding the CUDA (Philox)
+        # generator's offset; host generators (the only kind here: sampling
+        # runs on the host on both targets) have no offset, so the state is
+        # saved and put back instead. A seed then yields the same tokens
+        # however the prompt was chunked and whatever shared its steps.
+        saved = {i: gen.get_state() for i, gen in self._discarded_generators().items()}
+        output = super()._sample(logits, spec_decode_metadata)
+        generators = self.input_batch.generators
+        for i, state in saved.items():
+            generators[i].set_state(state)
+        return output
+
+    def _bookkeeping_sync(self, *args: Any, **kwargs: Any) -> Any:
+        # vLLM's bookkeeping calls Generator.get_offset()/set_offset() on the
+        # discarded rows' generators, which raises for host generators
+        # ("CPU Generator does not use offset"). _sample has already restored
+        # them, so they are kept out of vLLM's sight for this call.
+        hidden = self._discarded_generators()
+        generators = self.input_batch.generators
+        for i in hidden:
+            del generators[i]
+        try:
+            return super()._bookkeeping_sync(*args, **kwargs)
+        finally:
+            generators.update(hidden)
+
     # ---- CUDA-only pieces ------------------------------------------------
 
     def _sync_device(self) -> None:
