@@ -10,10 +10,18 @@ transformers, nothing of vLLM). Two modes:
 * ``check``: the reference for "the outputs equal Hugging Face". Each system's
   greedy outputs are scored by the model in float32 with teacher forcing (one
   forward over prompt + generated tokens): at every generated position the
-  system's token must be float32 transformers' argmax, or a near-tie with it
-  (log-probability within ``--max-gap`` of the argmax's; bfloat16 kernels round
-  differently from float32 ones, and at a near-tie either choice is correct).
-  A wrong kernel picks tokens several nats below the argmax at many positions.
+  system's token must be float32 transformers' argmax, or a near-tie with it.
+  A near tie is a log-probability within ``--max-gap`` of the argmax's, or
+  within transformers' own bfloat16 error at that position, whichever is
+  larger: bfloat16 kernels round differently from float32 ones, and where
+  transformers' own bfloat16 forward (same weights, same prefix) moves the two
+  tokens' log-probability difference by more than ``--max-gap``, that position
+  is a tie at bfloat16 precision and either choice is correct. (Measured on
+  this machine: over the 32 W2 sequences teacher-forced, transformers'
+  bfloat16 forward itself puts a token up to 0.73 nats below float32's argmax,
+  so a fixed 0.5-nat line alone fails transformers too.) A wrong kernel picks
+  tokens several nats below the argmax at many positions, where bfloat16
+  moves log-probabilities by hundredths of a nat.
 """
 
 from __future__ import annotations
@@ -136,41 +144,85 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     model = _load(args.model, "float32")
+    bf16: list[Any] = []  # loaded on first use: only sequences with a wide gap need it
+
+    def bf16_model() -> Any:
+        if not bf16:
+            bf16.append(_load(args.model, "bfloat16"))
+        return bf16[0]
+
     prompts = {"W1": wl.W1.prompts(), "W2": wl.W2.prompts()}
     systems = json.loads(Path(args.outputs).read_text())
     report: dict[str, Any] = {"max_gap": args.max_gap, "systems": {}}
     for system, outputs in systems.items():
         per_workload = {}
         for name, generated in outputs.items():
-            per_workload[name] = _score(model, prompts[name], generated, args.max_gap)
+            per_workload[name] = _score(model, bf16_model, prompts[name], generated, args.max_gap)
         report["systems"][system] = per_workload
     return report
 
 
+def _teacher_forced_logprobs(model: Any, seqs: Any, plen: int, gen_len: int) -> Any:
+    """Log-probabilities (float32) at the positions that predict the generated tokens."""
+    import torch
+
+    with torch.inference_mode():
+        logits = model(input_ids=seqs).logits.float()
+    # Position plen-1+i predicts generated token i.
+    return torch.log_softmax(logits[:, plen - 1 : plen - 1 + gen_len], dim=-1)
+
+
 def _score(
-    model: Any, prompts: list[list[int]], generated: list[list[int]], max_gap: float
+    model: Any,
+    bf16_model: Any,
+    prompts: list[list[int]],
+    generated: list[list[int]],
+    max_gap: float,
 ) -> dict[str, Any]:
     import torch
 
     seqs = torch.tensor([p + g for p, g in zip(prompts, generated, strict=True)])
     plen = len(prompts[0])
     gen_len = len(generated[0])
-    with torch.inference_mode():
-        logits = model(input_ids=seqs).logits.float()
-    # Position plen-1+i predicts generated token i.
-    logprobs = torch.log_softmax(logits[:, plen - 1 : plen - 1 + gen_len], dim=-1)
+    logprobs = _teacher_forced_logprobs(model, seqs, plen, gen_len)
     chosen = torch.tensor(generated)
     chosen_lp = logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)
     best_lp, best = logprobs.max(dim=-1)
     gaps = best_lp - chosen_lp
     worst = int(gaps.argmax())
+
+    # Positions past the fixed line: how far does transformers' own bfloat16
+    # forward move the (argmax, chosen) log-probability difference there?
+    wide = (gaps > max_gap).nonzero().tolist()
+    wide_positions = []
+    wrong = 0
+    if wide:
+        rows = sorted({r for r, _ in wide})
+        lp16 = _teacher_forced_logprobs(bf16_model(), seqs[rows], plen, gen_len)
+        for r, i in wide:
+            b, c = int(best[r, i]), int(chosen[r, i])
+            gap16 = float(lp16[rows.index(r), i, b] - lp16[rows.index(r), i, c])
+            bf16_error = abs(gap16 - float(gaps[r, i]))
+            is_wrong = float(gaps[r, i]) > max(max_gap, bf16_error)
+            wrong += is_wrong
+            wide_positions.append(
+                {
+                    "at": [r, i],
+                    "gap": round(float(gaps[r, i]), 4),
+                    "gap_bf16_transformers": round(gap16, 4),
+                    "bf16_error": round(bf16_error, 4),
+                    "wrong": is_wrong,
+                }
+            )
     return {
         "tokens": int(chosen.numel()),
         "argmax_equal": int((best == chosen).sum()),
-        "near_ties": int(((best != chosen) & (gaps <= max_gap)).sum()),
-        "wrong": int((gaps > max_gap).sum()),
+        "near_ties": int((best != chosen).sum()) - wrong,
+        "beyond_max_gap": len(wide),
+        "wrong": wrong,
         "max_gap": round(float(gaps.max()), 4),
         "worst_at": [worst // gen_len, worst % gen_len],
+        "beyond_max_gap_positions": wide_positions,
         "sequences_all_argmax": int((best == chosen).all(dim=-1).sum()),
         "sequences": len(generated),
     }
