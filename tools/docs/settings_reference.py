@@ -89,6 +89,8 @@ TOOL_VARIABLES: dict[str, str] = {
     "SPYRE_SERVE_VENV": "`scripts/serve.sh`: venv to install into (default `<repo>/.venv`).",
     "SPYRE_INFERENCE_VLLM_SDIST": "Set by nox for the tests: vLLM's sdist, which carries "
     "vLLM's own test-suite.",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "vLLM's: `tools/fuzz_engine.py` sets it to `0` to run "
+    "the engine core in its own process.",
 }
 
 
