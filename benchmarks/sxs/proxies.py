@@ -12,7 +12,8 @@ so the cpu target's timings say little about them. Counted instead:
   opaque custom op called from a compiled graph, such as attention's
   orchestration, count as eager: on the card each is its own launch);
 * **compiled-graph calls**: Inductor graphs run (block graphs and attention
-  kernels).
+  kernels), plus the cpu target's host kernels that stand in for a graph the
+  card runs (the decode-attention kernel's profiler range, ``HOST_KERNEL``).
 
 Host work of the runner (input preparation, attention metadata, sampling)
 runs on the host on both targets and is reported separately as host ops.
@@ -32,6 +33,9 @@ from typing import Any
 FORWARD = "spyre_bench::forward"
 LOGITS = "spyre_bench::logits"
 COMPILED = "## Call CompiledFxGraph"
+#: Profiler ranges of cpu-target host kernels that replace a compiled graph of
+#: the card (spyre_inference.attention.ops.host_decode.PROFILER_RANGE).
+HOST_KERNEL = "## Spyre host kernel"
 
 
 def _runner(llm: Any) -> Any:
@@ -71,7 +75,7 @@ def _classify(events: Any) -> dict[str, int]:
     counts = {"compiled_graph_calls": 0, "eager_device_ops": 0, "host_ops": 0}
     for event in events:
         name = event.name
-        if name.startswith(COMPILED):
+        if name.startswith((COMPILED, HOST_KERNEL)):
             counts["compiled_graph_calls"] += 1
             continue
         if not _is_op(name):
@@ -82,7 +86,7 @@ def _classify(events: Any) -> dict[str, int]:
         nested = False
         while parent is not None:
             pname = parent.name
-            if pname.startswith(COMPILED):
+            if pname.startswith((COMPILED, HOST_KERNEL)):
                 nested = True  # part of a compiled graph (an extern kernel)
                 break
             if pname.startswith("aten::"):

@@ -86,17 +86,20 @@ WORKLOADS = {
 def kernel_form(request, monkeypatch):
     """How the kernels run a step's tiles.
 
-    * ``cpu``: the cpu target's default, one tile through the CPU flash kernel;
+    * ``cpu``: the cpu target's default, one tile through the CPU flash kernel
+      (decode batches through the host decode kernel, ``ops.host_decode``);
     * ``cpu_tiled``: the flash kernel over 256 KiB tiles (several per
-      sequence here), merged by log-sum-exp;
+      sequence here), merged by log-sum-exp, decode batches too;
     * ``card``: the card's form, one page per online-softmax step with
       matmuls and running statistics.
     """
     if request.param == "cpu_tiled":
         monkeypatch.setattr(policy, "CPU_TILE_BYTES", 256 << 10)
+        monkeypatch.setattr(policy, "CPU_DECODE_KERNEL", False)
     elif request.param == "card":
         monkeypatch.setattr(policy, "CPU_TILE_BYTES", 1)
         monkeypatch.setattr(policy, "CPU_FLASH_ATTENTION", False)
+        monkeypatch.setattr(policy, "CPU_DECODE_KERNEL", False)
     return request.param
 
 

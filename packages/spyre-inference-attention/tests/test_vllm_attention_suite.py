@@ -113,7 +113,9 @@ def test_vllm_attention_backends_suite(vllm_tests, offline_hf_home, tmp_path):
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
     assert counts == {"tests": len(nodes), "failures": 0, "errors": 0, "skipped": 0}, tail
-    # The comparisons ran the Spyre kernels (compiled per bucket), not another backend.
+    # The comparisons ran the Spyre kernels (compiled per bucket; on the cpu
+    # target decode batches go through the host decode kernel), not another backend.
     evidence = json.loads(report.read_text())
     assert evidence["custom_backend"].endswith("token_major.SpyreAttentionBackend")
-    assert evidence["page_attention_variants"] > 0 and evidence["batched_decode_variants"] > 0
+    assert evidence["page_attention_variants"] > 0
+    assert evidence["batched_decode_variants"] > 0 or evidence["host_decode_calls"] > 0

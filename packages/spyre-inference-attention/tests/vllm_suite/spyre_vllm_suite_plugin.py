@@ -80,6 +80,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         "custom_backend": AttentionBackendEnum.CUSTOM.get_path(),
         "page_attention_variants": len(ops.PAGE_ATTENTION),
         "batched_decode_variants": len(ops.BATCHED_DECODE),
+        "host_decode_calls": ops.host_decode.calls(),
         "compiled_graphs": compiled.stats.total,
     }
     with open(path, "w") as f:

@@ -40,6 +40,46 @@ CPU_TILE_BYTES = 64 << 20
 CPU_FLASH_ATTENTION = True
 
 
+#: Whether the cpu target may run decode batches through the host kernel
+#: (:mod:`~spyre_inference.attention.ops.host_decode`) instead of the compiled
+#: batched-decode graph. Tests turn this off to check the graph.
+CPU_DECODE_KERNEL = True
+
+
+def use_host_decode(
+    logits_soft_cap: float | None,
+    alibi: bool,
+    cache_dtype: torch.dtype,
+    head_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+) -> bool:
+    """Whether a layer's decode batches run through the cpu target's host kernel.
+
+    Only on the cpu target (the card runs the compiled graph), only when
+    ``SPYRE_CPU_ATTN_KERNEL`` is ``auto``, and only for layers without a
+    soft-cap or ALiBi (the kernel has neither) whose shape the kernel serves.
+    """
+    if not CPU_DECODE_KERNEL or placement.is_spyre() or logits_soft_cap is not None or alibi:
+        return False
+    if settings.get("SPYRE_CPU_ATTN_KERNEL") != "auto":
+        return False
+    from spyre_inference.attention.ops import host_decode
+
+    return host_decode.unavailable_reason(cache_dtype, head_size, num_heads, num_kv_heads) is None
+
+
+def host_kv_store() -> bool:
+    """Whether the cpu target runs the KV store eagerly although the model compiles.
+
+    The card compiles the store (a device op); on a CPU entering its compiled
+    graph costs far more than the copy. Same setting as the decode kernel.
+    """
+    if not CPU_DECODE_KERNEL or placement.is_spyre():
+        return False
+    return settings.get("SPYRE_CPU_ATTN_KERNEL") == "auto"
+
+
 def use_flash(
     logits_soft_cap: float | None, dtype: torch.dtype | None = None
 ) -> bool | torch.dtype:

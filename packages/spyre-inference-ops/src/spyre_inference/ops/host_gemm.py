@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
 from spyre_inference.platform import settings
-from spyre_inference.platform.cache_dir import cache_root
 from spyre_inference.platform.logs import get_logger
+from spyre_inference.platform.native_build import (
+    NativeKernelUnavailable,
+    kernel_cache_dir,
+    load_avx2_kernel,
+)
 
 logger = get_logger(__name__)
 
@@ -45,67 +43,10 @@ OP_NAME = "host_gemm_w16"
 QUALNAME = f"{OP_NAMESPACE}::{OP_NAME}"
 
 _SOURCE = Path(__file__).with_name("csrc") / "host_gemm.c"
-_CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-fPIC", "-shared")
-#: CPU flags the build flags above require (as /proc/cpuinfo spells them).
-_REQUIRED_FLAGS = ("avx2", "fma", "f16c")
 _DTYPES = (torch.bfloat16, torch.float16)
 
-
-class HostGemmUnavailable(RuntimeError):
-    """The kernel cannot be built or run on this host; the message says why."""
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def kernel_cache_dir() -> Path:
-    return cache_root() / "kernels"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
-def _build(cc: str) -> Path:
-    """Compile the kernel unless a build of this exact source and flags exists."""
-    source = _SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(_CFLAGS).encode() + cc.encode()).hexdigest()[:16]
-    out = kernel_cache_dir() / f"host_gemm-{key}-{platform.machine()}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    # Build to a private name and rename: concurrent builders (tensor-parallel
-    # workers starting together) each produce a complete file, and the rename
-    # is atomic, so no process ever loads a half-written library.
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        proc = subprocess.run(
-            [cc, *_CFLAGS, "-o", tmp, str(_SOURCE)],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise HostGemmUnavailable(
-                f"building {_SOURCE.name} with {cc} failed: {proc.stderr.strip()[-2000:]}"
-            )
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+#: The kernel cannot be built or run on this host (the message says why).
+HostGemmUnavailable = NativeKernelUnavailable
 
 
 @functools.cache
@@ -126,16 +67,7 @@ def _library() -> ctypes.CDLL:
 
 
 def _load() -> ctypes.CDLL:
-    if platform.machine() not in ("x86_64", "AMD64"):
-        raise HostGemmUnavailable(f"the kernel is x86-64 only (this host: {platform.machine()})")
-    missing = [f for f in _REQUIRED_FLAGS if f not in _cpu_flags()]
-    if missing:
-        raise HostGemmUnavailable(f"the CPU lacks {', '.join(missing)}")
-    cc = _compiler()
-    if cc is None:
-        raise HostGemmUnavailable("no C compiler found (set CC, or install gcc)")
-    path = _build(cc)
-    lib = ctypes.CDLL(str(path))
+    lib = load_avx2_kernel(_SOURCE)
     fn = lib.spyre_gemm_w16
     fn.restype = ctypes.c_int
     fn.argtypes = [
@@ -151,7 +83,7 @@ def _load() -> ctypes.CDLL:
         ctypes.c_int,  # float16 (else bfloat16)
         ctypes.c_int,  # threads
     ]
-    logger.info("cpu target: host GEMM kernel loaded from %s", path)
+    logger.info("cpu target: host GEMM kernel loaded from %s", lib._name)
     return lib
 
 

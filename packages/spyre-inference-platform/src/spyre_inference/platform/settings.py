@@ -158,6 +158,17 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("auto", "torch"),
     ),
     Setting(
+        "SPYRE_CPU_ATTN_KERNEL",
+        "auto",
+        "cpu target: attention's host paths. `auto`: a decode batch attends through the "
+        "plugin's AVX2 kernel, which reads the paged KV cache through the block table (built "
+        "once with the system C compiler into `~/.cache/spyre-inference/kernels`) when the CPU "
+        "has AVX2/FMA/F16C, a compiler exists and the layer has no soft-cap or ALiBi, and the "
+        "token-major KV store runs eagerly; `graph`: both run as the compiled graphs the card "
+        "runs.",
+        choices=("auto", "graph"),
+    ),
+    Setting(
         "SPYRE_DEFAULT_MODEL_DIR",
         "",
         "Folder of the embedded default model (SmolLM2-135M-Instruct converted to a "

@@ -568,6 +568,9 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         compiled = policy.model_compiles(vllm_config)
         self.compile_kernels = compiled
         self.compile_store = compiled
+        #: Decodes through the cpu target's host kernel (decided on first use,
+        #: when the KV cache's dtype is known).
+        self._host_decode: bool | None = None
 
     def _alibi_on_device(self, stats: torch.dtype) -> torch.Tensor | None:
         if self.alibi_slopes is None:
@@ -607,6 +610,13 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             )
         slots = ops.slot_major_view(kv_cache)
         src = ops.kv_source(key, value, slots.dtype)
+        if self.compile_store and policy.host_kv_store():
+            # cpu target: the store's compiled graph costs ~300 us per layer to
+            # enter for a few microseconds of copying; the same op runs eagerly,
+            # marked as the one graph call the card makes here.
+            with ops.host_decode.as_graph_call("KV store"):
+                ops.store_kv(slots, index, src)
+            return
         ops.STORE_KV(self.compile_store, slots, index, src)
 
     # ---- attention ------------------------------------------------------------
@@ -694,6 +704,27 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         assert batch is not None
         slopes = self._alibi_on_device(md.stats_dtype)
         q = query.index_select(0, batch.q_index)
+        if self._host_decode is None:
+            self._host_decode = policy.use_host_decode(
+                self.logits_soft_cap,
+                slopes is not None,
+                kv_cache.dtype,
+                self.head_size,
+                self.num_heads,
+                self.num_kv_heads,
+            )
+        if self._host_decode:
+            # cpu target: the host kernel in place of the card's compiled graph
+            # (same block table and mask; see ops.host_decode).
+            result = ops.host_decode.paged_decode(
+                q,
+                ops.token_major_pages(kv_cache),
+                batch.block_ids,
+                md.decode_mask(self.sliding_window),
+                self.scale,
+            ).to(query.dtype)
+            output.index_copy_(0, batch.out_index, result[: batch.num_seqs])
+            return
         result = ops.BATCHED_DECODE(
             self.compile_kernels,
             q,

@@ -1,0 +1,146 @@
+"""The cpu target's decode-attention kernel (``ops.host_decode``).
+
+Reference: a plain PyTorch softmax attention in float64 over the same pages,
+gathered with ``index_select`` and masked with the same additive mask (written
+here, not the plugin's kernels). The kernel computes in float32 from the
+cache's values, so the bound is float32 rounding: ``1e-5`` relative to the
+largest value of V. The compiled batched-decode graph (the card's kernel) must
+agree with the kernel to the same bound, and the backend tests
+(``test_decoder_backends.py``) run whole steps through both.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spyre_inference.attention import ops, policy
+from spyre_inference.attention.ops import host_decode
+
+pytestmark = pytest.mark.skipif(
+    host_decode.unavailable_reason(torch.bfloat16, 64, 4, 2) is not None,
+    reason=f"kernel unavailable: {host_decode.unavailable_reason(torch.bfloat16, 64, 4, 2)}",
+)
+
+MASKED = ops.mask_value(torch.float32)
+
+
+def _pages(num_blocks, block_size, kv_heads, head, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(num_blocks, block_size, kv_heads, 2 * head, generator=gen).to(dtype)
+
+
+def _case(num_seqs, kv_blocks, block_size, num_blocks, seq_lens, window=None, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    block_ids = torch.randint(1, num_blocks, (num_seqs, kv_blocks), generator=gen)
+    keys = torch.arange(kv_blocks * block_size)[None]
+    lens = torch.tensor(seq_lens)[:, None]
+    keep = keys < lens
+    if window is not None:
+        keep &= (lens - 1 - keys) < window
+    mask = torch.zeros(num_seqs, kv_blocks * block_size).masked_fill_(~keep, MASKED)
+    return block_ids, mask
+
+
+def _reference(q, pages, block_ids, mask, scale):
+    num_seqs, num_heads, head = q.shape
+    kv_heads = pages.shape[2]
+    groups = num_heads // kv_heads
+    kv = pages.index_select(0, block_ids.reshape(-1)).double()
+    kv = kv.view(num_seqs, -1, kv_heads, 2 * head)
+    k, v = kv[..., :head], kv[..., head:]
+    qd = q.double().view(num_seqs, kv_heads, groups, head)
+    scores = torch.einsum("skgd,stkd->skgt", qd, k) * scale + mask.double()[:, None, None, :]
+    probs = torch.softmax(scores, dim=-1)
+    return torch.einsum("skgt,stkd->skgd", probs, v).reshape(num_seqs, num_heads, head)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("num_heads", "kv_heads", "head"),
+    [(4, 4, 64), (9, 3, 64), (8, 1, 128), (4, 2, 8)],
+    ids=["mha", "gqa3_smollm2", "mqa_d128", "d8"],
+)
+@pytest.mark.parametrize(
+    ("seq_lens", "kv_blocks", "window"),
+    [([1], 1, None), ([100, 17, 64, 1], 2, None), ([300, 129, 5], 5, None), ([300, 90], 5, 40)],
+    ids=["one_token", "batch4_partial_pages", "multi_page", "sliding_window"],
+)
+def test_matches_float64_reference(dtype, num_heads, kv_heads, head, seq_lens, kv_blocks, window):
+    block_size = 64
+    pages = _pages(40, block_size, kv_heads, head, dtype)
+    block_ids, mask = _case(len(seq_lens), kv_blocks, block_size, 40, seq_lens, window)
+    q = torch.randn(len(seq_lens), num_heads, head).to(dtype)
+    scale = head**-0.5
+    got = host_decode.paged_decode(q, pages, block_ids, mask, scale)
+    want = _reference(q, pages, block_ids, mask, scale)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    bound = 1e-5 * pages[..., head:].abs().max().item()
+    assert (got.double() - want).abs().max().item() <= bound
+
+
+def test_padding_sequences_get_zeros_and_the_rest_is_unaffected():
+    pages = _pages(10, 16, 2, 64, torch.bfloat16)
+    block_ids, mask = _case(4, 2, 16, 10, [20, 0, 7, 0])
+    q = torch.randn(4, 4, 64).to(torch.bfloat16)
+    got = host_decode.paged_decode(q, pages, block_ids, mask, 0.125)
+    assert (got[[1, 3]] == 0).all()
+    alone = host_decode.paged_decode(q[:1], pages, block_ids[:1], mask[:1], 0.125)
+    assert torch.equal(got[:1], alone)  # per-sequence result, whatever the batch
+
+
+def test_strided_pages_of_a_multi_layer_cache():
+    """A layer's pages are a view into a cache shared by layers (LBNHC): strided blocks."""
+    cache = _pages(2 * 12, 16, 2, 64, torch.bfloat16).view(12, 2, 16, 2, 128)
+    layer = cache[:, 1]  # [blocks, block_size, kv_heads, 2 * head], block stride 2x
+    assert not layer.is_contiguous()
+    block_ids, mask = _case(3, 2, 16, 12, [30, 16, 3])
+    q = torch.randn(3, 4, 64).to(torch.bfloat16)
+    got = host_decode.paged_decode(q, layer, block_ids, mask, 0.125)
+    want = host_decode.paged_decode(q, layer.contiguous(), block_ids, mask, 0.125)
+    assert torch.equal(got, want)
+    assert (got.double() - _reference(q, layer, block_ids, mask, 0.125)).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_agrees_with_the_compiled_graph(dtype, monkeypatch):
+    """The card's batched-decode graph on the same inputs (cpu flash form)."""
+    pages = _pages(30, 64, 3, 64, dtype)
+    block_ids, mask = _case(4, 4, 64, 30, [200, 64, 1, 0])
+    q = torch.randn(4, 9, 64).to(dtype)
+    got = host_decode.paged_decode(q, pages, block_ids, mask, 0.125)
+    flash = policy.use_flash(None, dtype)
+    graph = ops.BATCHED_DECODE(True, q, pages, block_ids, mask, 0.125, None, 4, None, None, flash)
+    real = slice(0, 3)  # the padding entry's output is never written back
+    bound = 1e-5 * pages[..., 64:].float().abs().max().item()
+    assert (got[real] - graph[real].float()).abs().max().item() <= bound + (
+        0 if dtype == torch.float32 else 2**-8 * got[real].abs().max().item()
+    )
+
+
+def test_bad_arguments():
+    pages = _pages(4, 16, 2, 64, torch.bfloat16)
+    block_ids, mask = _case(1, 1, 16, 4, [5])
+    q = torch.randn(1, 4, 64).to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"not token-major K\|V rows"):
+        host_decode.paged_decode(q, pages[..., :64], block_ids, mask, 0.125)
+    with pytest.raises(ValueError, match="disagree"):
+        host_decode.paged_decode(q, pages, block_ids, mask[:, :8], 0.125)
+    assert "not a multiple of 8" in host_decode.unavailable_reason(torch.bfloat16, 60, 4, 2)
+    assert "KV cache dtype" in host_decode.unavailable_reason(torch.int8, 64, 4, 2)
+
+
+def test_policy(monkeypatch):
+    from spyre_inference.platform import settings
+
+    args = (torch.bfloat16, 64, 4, 2)
+    assert policy.use_host_decode(None, False, *args)
+    assert not policy.use_host_decode(30.0, False, *args)  # soft-cap: the graph
+    assert not policy.use_host_decode(None, True, *args)  # ALiBi: the graph
+    monkeypatch.setenv("SPYRE_CPU_ATTN_KERNEL", "graph")
+    settings.reset_cache()
+    try:
+        assert not policy.use_host_decode(None, False, *args)
+    finally:
+        monkeypatch.delenv("SPYRE_CPU_ATTN_KERNEL")
+        settings.reset_cache()
