@@ -151,6 +151,9 @@ def paged_decode(
             f"paged_decode: {num_seqs} queries, block table {tuple(block_ids.shape)} and "
             f"mask {tuple(mask.shape)} disagree"
         )
+    if num_heads % num_kv_heads or num_heads // num_kv_heads > MAX_GROUP:
+        # The kernel keeps per-group statistics for at most MAX_GROUP heads.
+        raise ValueError(f"paged_decode: {num_heads} query heads over {num_kv_heads} KV heads")
     global _calls
     _calls += 1
     with as_graph_call("paged decode attention"):
