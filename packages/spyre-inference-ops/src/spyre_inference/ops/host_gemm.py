@@ -133,7 +133,7 @@ def _host_gemm_w16(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
             torch.get_num_threads(),
         )
         if failed:
-            raise MemoryError(f"host GEMM: no memory for a [{k}, 16] float32 panel")
+            raise MemoryError(f"host GEMM [{m}, {k}] x [{k}, {n}]: no memory for its scratch")
     return y.view(*lead, n)
 
 
