@@ -181,6 +181,14 @@ static void pack(const uint16_t *w, long ldw, long K, int ncols, float *pw, int 
 }
 
 #define FEW_ROWS_MAX 4
+
+/* Part i of g of the columns [0, N), in whole 8-column vectors. */
+static inline void col_range(long N, long i, long g, long *n0, long *n1) {
+    long nvec = (N + 7) / 8, v0 = nvec * i / g, v1 = nvec * (i + 1) / g;
+    *n0 = v0 * 8;
+    *n1 = v1 * 8 < N ? v1 * 8 : N;
+}
+
 #define FEW(xp, kk, wp, yp, ldyp, a, b)                                              \
     do {                                                                            \
         if (f16) few_rows(xp, M, kk, ldx, wp, ldw, yp, ldyp, a, b, 1);                \
@@ -200,23 +208,21 @@ int spyre_gemm_w16(const float *x, long M, long K, long ldx, const uint16_t *w, 
         #pragma omp parallel num_threads(nthreads)
         {
             int nt = omp_get_num_threads(), t = omp_get_thread_num();
-            long nvec = (N + 7) / 8;
+            long n0, n1;
             if (nt == 1) {
                 FEW(x, K0, w, y, ldy, 0, N);
                 FEW(x + K0, K1, w + K0 * ldw, p1, N, 0, N);
             } else {
                 /* Threads [0, nt0) sum the first half, the others the second. */
                 int nt0 = (nt + 1) / 2, h = t >= nt0, g = h ? nt - nt0 : nt0, i = h ? t - nt0 : t;
-                long v0 = nvec * i / g, v1 = nvec * (i + 1) / g;
-                long n0 = v0 * 8, n1 = v1 * 8 < N ? v1 * 8 : N;
+                col_range(N, i, g, &n0, &n1);
                 if (n1 > n0) {
                     if (h) FEW(x + K0, K1, w + K0 * ldw, p1, N, n0, n1);
                     else FEW(x, K0, w, y, ldy, n0, n1);
                 }
             }
             #pragma omp barrier
-            long v0 = nvec * t / nt, v1 = nvec * (t + 1) / nt;
-            long n0 = v0 * 8, n1 = v1 * 8 < N ? v1 * 8 : N;
+            col_range(N, t, nt, &n0, &n1);
             for (long m = 0; m < M; m++)
                 for (long n = n0; n < n1; n++) y[m * ldy + n] = y[m * ldy + n] + p1[m * N + n];
         }
@@ -224,17 +230,12 @@ int spyre_gemm_w16(const float *x, long M, long K, long ldx, const uint16_t *w, 
         return 0;
     }
     if (M <= FEW_ROWS_MAX) {
-        /* Contiguous column chunks (multiples of 8) per thread. */
+        /* K < 64: one chain over k; contiguous column chunks per thread. */
         #pragma omp parallel num_threads(nthreads)
         {
-            int nt = omp_get_num_threads(), t = omp_get_thread_num();
-            long nvec = (N + 7) / 8;
-            long v0 = nvec * t / nt, v1 = nvec * (t + 1) / nt;
-            long n0 = v0 * 8, n1 = v1 * 8 < N ? v1 * 8 : N;
-            if (n1 > n0) {
-                if (f16) few_rows(x, M, K, ldx, w, ldw, y, ldy, n0, n1, 1);
-                else few_rows(x, M, K, ldx, w, ldw, y, ldy, n0, n1, 0);
-            }
+            long n0, n1;
+            col_range(N, omp_get_thread_num(), omp_get_num_threads(), &n0, &n1);
+            if (n1 > n0) FEW(x, K, w, y, ldy, n0, n1);
         }
         return 0;
     }
