@@ -32,7 +32,8 @@
  * contiguous rows), accumulating four rows of w at a time into y or a scratch
  * row, then add the halves. More rows (prefill, large batches) widen a
  * 16-column block of w into a float32 panel once and run a 6x16 register tile
- * over all rows, once per half (compute bound); those threads split columns.
+ * over all rows, summing both halves in one pass per tile (compute bound);
+ * those threads split columns.
  *
  * Built at first use by spyre_inference.ops.host_gemm with
  * -O3 -mavx2 -mfma -mf16c -fopenmp; OpenMP resolves to the libgomp torch
@@ -130,35 +131,46 @@ static inline __attribute__((always_inline)) void few_rows(
         _mm256_storeu_ps(tmp[i], c##i##0);                                          \
         _mm256_storeu_ps(tmp[i] + 8, c##i##1);                                      \
     }
+#define ADD_ROW(i)                                                                  \
+    if (MR > i) {                                                                   \
+        c##i##0 = _mm256_add_ps(_mm256_loadu_ps(tmp[i]), c##i##0);                  \
+        c##i##1 = _mm256_add_ps(_mm256_loadu_ps(tmp[i] + 8), c##i##1);              \
+    }
 static inline __attribute__((always_inline)) void micro(
-    int MR, int mr, const float *x, long ldx, const float *pw, long K, float *y, long ldy, int ncols,
-    int add)
+    int MR, int mr, const float *x, long ldx, const float *pw, long K0, long K, float *y, long ldy,
+    int ncols)
 {
     ROWPTR(0); ROWPTR(1); ROWPTR(2); ROWPTR(3); ROWPTR(4); ROWPTR(5);
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    for (long k = 0; k < K; k++) {
+    float tmp[MRMAX][NB];
+    for (long k = 0; k < K0; k++) {
         __m256 b0 = _mm256_loadu_ps(pw + k * NB), b1 = _mm256_loadu_ps(pw + k * NB + 8);
         FMA_ROW(0) FMA_ROW(1) FMA_ROW(2) FMA_ROW(3) FMA_ROW(4) FMA_ROW(5)
     }
-    float tmp[MRMAX][NB];
-    STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3) STORE_ROW(4) STORE_ROW(5)
-    if (add) {
-        for (int m = 0; m < mr; m++)
-            for (int n = 0; n < ncols; n++) y[m * ldy + n] = y[m * ldy + n] + tmp[m][n];
-    } else {
-        for (int m = 0; m < mr; m++) memcpy(y + m * ldy, tmp[m], ncols * sizeof(float));
+    if (K0 < K) {
+        /* p0 parked in tmp; the same registers then sum p1 from +0. */
+        STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3) STORE_ROW(4) STORE_ROW(5)
+        c00 = _mm256_setzero_ps(); c01 = c00; c10 = c00; c11 = c00; c20 = c00; c21 = c00;
+        c30 = c00; c31 = c00; c40 = c00; c41 = c00; c50 = c00; c51 = c00;
+        for (long k = K0; k < K; k++) {
+            __m256 b0 = _mm256_loadu_ps(pw + k * NB), b1 = _mm256_loadu_ps(pw + k * NB + 8);
+            FMA_ROW(0) FMA_ROW(1) FMA_ROW(2) FMA_ROW(3) FMA_ROW(4) FMA_ROW(5)
+        }
+        ADD_ROW(0) ADD_ROW(1) ADD_ROW(2) ADD_ROW(3) ADD_ROW(4) ADD_ROW(5)
     }
+    STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3) STORE_ROW(4) STORE_ROW(5)
+    for (int m = 0; m < mr; m++) memcpy(y + m * ldy, tmp[m], ncols * sizeof(float));
 }
 
 /* Rows of the next tile: 6, and the remainder in one tile of the smallest
  * width (2, 4 or 6) that holds it. */
 static inline int tile_rows(long left) { return left < 6 ? (int)left : 6; }
 
-static void micro_any(int mr, const float *x, long ldx, const float *pw, long K, float *y, long ldy, int ncols, int add) {
-    if (mr > 4) micro(6, mr, x, ldx, pw, K, y, ldy, ncols, add);
-    else if (mr > 2) micro(4, mr, x, ldx, pw, K, y, ldy, ncols, add);
-    else micro(2, mr, x, ldx, pw, K, y, ldy, ncols, add);
+static void micro_any(int mr, const float *x, long ldx, const float *pw, long K0, long K, float *y, long ldy, int ncols) {
+    if (mr > 4) micro(6, mr, x, ldx, pw, K0, K, y, ldy, ncols);
+    else if (mr > 2) micro(4, mr, x, ldx, pw, K0, K, y, ldy, ncols);
+    else micro(2, mr, x, ldx, pw, K0, K, y, ldy, ncols);
 }
 
 /* The two halves of k every output element is summed over: y = p0 + p1, each
@@ -255,10 +267,7 @@ int spyre_gemm_w16(const float *x, long M, long K, long ldx, const uint16_t *w, 
             pack(w + n0, ldw, K, ncols, pw, f16);
             for (long m0 = 0; m0 < M;) {
                 int mr = tile_rows(M - m0);
-                micro_any(mr, x + m0 * ldx, ldx, pw, K0, y + m0 * ldy + n0, ldy, ncols, 0);
-                if (K1)
-                    micro_any(mr, x + m0 * ldx + K0, ldx, pw + K0 * NB, K1, y + m0 * ldy + n0, ldy,
-                              ncols, 1);
+                micro_any(mr, x + m0 * ldx, ldx, pw, K0, K, y + m0 * ldy + n0, ldy, ncols);
                 m0 += mr;
             }
         }
