@@ -170,19 +170,16 @@ def test_encoder_stack_compiles_one_graph_per_bucket(tiny_model_factory, inproc_
 # ---- Must show 3: nothing compiles after warm-up ----------------------------
 
 
-def test_random_requests_after_warm_up_compile_nothing(tiny_model_factory, inproc_llm) -> None:
-    model = tiny_model_factory("llama", num_hidden_layers=2)
-    llm = inproc_llm(model)  # default buckets for a 64-token budget: 8, 16, 32, 64
-    runner = _runner(llm)
-    assert runner.token_buckets.sizes == (8, 16, 32, 64)
-    graphs, inductor = _compiled_graphs(), _inductor_calls()
-    blocks = runner.compile_report.artifacts()
-    assert graphs > 0
+def _random_workload(llm: LLM) -> list[Any]:
+    """50 random requests: lengths across every bucket, sampling and logprobs options.
 
+    Greedy and seeded requests (most of them) are reproducible; the rest
+    sample from the engine's global generator.
+    """
     rng = random.Random(1234)
     vocab = llm.get_tokenizer().vocab_size
     prompts, params = [], []
-    for _ in range(50):
+    for i in range(50):
         length = rng.choice([rng.randint(1, 8), rng.randint(9, 100), rng.randint(100, 400)])
         prompts.append({"prompt_token_ids": [rng.randrange(3, vocab) for _ in range(length)]})
         params.append(
@@ -193,21 +190,82 @@ def test_random_requests_after_warm_up_compile_nothing(tiny_model_factory, inpro
                 top_k=rng.choice([-1, 20]),
                 logprobs=rng.choice([None, None, 0, 3]),
                 prompt_logprobs=rng.choice([None, None, None, 2]),
+                seed=rng.choice([None, 1000 + i, 2000 + i]),
                 ignore_eos=True,
             )
         )
     # Some alone (steps of 1..8 tokens, single decodes), the rest in one batch
     # (chunked prefill mixed with decodes across every bucket).
-    for i in range(10):
-        llm.generate([prompts[i]], [params[i]], use_tqdm=False)
-    outs = llm.generate(prompts[10:], params[10:], use_tqdm=False)
+    outs = [llm.generate([prompts[i]], [params[i]], use_tqdm=False)[0] for i in range(10)]
+    outs += llm.generate(prompts[10:], params[10:], use_tqdm=False)
     assert all(
-        len(o.outputs[0].token_ids) == p.max_tokens for o, p in zip(outs, params[10:], strict=True)
+        len(o.outputs[0].token_ids) == p.max_tokens for o, p in zip(outs, params, strict=True)
     )
+    return [
+        (o.outputs[0].token_ids, o.outputs[0].cumulative_logprob)
+        for o, p in zip(outs, params, strict=True)
+        if p.temperature == 0.0 or p.seed is not None
+    ]
+
+
+def test_random_requests_after_warm_up_compile_nothing(
+    tiny_model_factory, inproc_llm, monkeypatch
+) -> None:
+    # Full guard checks on every call, so any step that needs a graph warm-up
+    # did not compile shows up in the counters below.
+    monkeypatch.setenv("SPYRE_SETTLED_GUARDS", "0")
+    model = tiny_model_factory("llama", num_hidden_layers=2)
+    llm = inproc_llm(model)  # default buckets for a 64-token budget: 8, 16, 32, 64
+    runner = _runner(llm)
+    assert runner.token_buckets.sizes == (8, 16, 32, 64)
+    graphs, inductor = _compiled_graphs(), _inductor_calls()
+    blocks = runner.compile_report.artifacts()
+    assert graphs > 0
+
+    _random_workload(llm)
 
     assert _compiled_graphs() == graphs, "a graph compiled after warm-up"
     assert _inductor_calls() == inductor, "Inductor ran after warm-up"
     assert runner.compile_report.artifacts() == blocks
+    assert not runner._wrapper.guards.settled
+
+
+def test_settled_guards_serve_the_same_results(tiny_model_factory, inproc_llm, monkeypatch) -> None:
+    """Steps with only Dynamo's differentiating guards pick the same graphs as full checks.
+
+    Same random workload on two engines, settled guards off then on: every
+    reproducible request (greedy or seeded) gets the same tokens and
+    cumulative logprob. The second engine really ran lean: served calls saw
+    the stance, every bucket settled after one full-guard step, warm-up did
+    not settle any.
+    """
+    model = tiny_model_factory("llama", num_hidden_layers=2)
+    results = {}
+    for mode in ("0", "1"):
+        monkeypatch.setenv("SPYRE_SETTLED_GUARDS", mode)
+        llm = inproc_llm(model)
+        runner = _runner(llm)
+        guards = runner._wrapper.guards
+        assert not guards.settled, "warm-up must run with full guards"
+        stances: list[bool] = []
+        hook = runner.model.register_forward_pre_hook(
+            lambda *_, seen=stances: seen.append(
+                torch._dynamo.eval_frame._is_skip_guard_eval_unsafe_stance()
+            )
+        )
+        graphs = _compiled_graphs()
+        results[mode] = _random_workload(llm)
+        hook.remove()
+        assert _compiled_graphs() == graphs
+        if mode == "0":
+            assert not guards.settled and not any(stances)
+        else:
+            assert guards.settled == set(runner.token_buckets.sizes)
+            # One full-guard step per bucket, every later step lean.
+            assert stances.count(False) == len(runner.token_buckets.sizes)
+            assert stances.count(True) > 50
+        _shutdown(llm)
+    assert results["0"] == results["1"]
 
 
 # ---- Must show 2 and 4: weights and greedy results --------------------------

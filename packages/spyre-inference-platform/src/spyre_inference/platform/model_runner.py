@@ -22,6 +22,7 @@ from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
 from spyre_inference.platform import device as dev
+from spyre_inference.platform import settings
 from spyre_inference.platform.block_compile import CompileReport, compile_model
 from spyre_inference.platform.buffers import SpyreCpuGpuBuffer, alias_host_buffers
 from spyre_inference.platform.host_env import cuda_stream_placeholders, neutralize_cuda_runtime
@@ -132,6 +133,10 @@ class TorchSpyreModelRunner(GPUModelRunner):
                 self.token_buckets.sizes,
                 lambda n: self._dummy_run(n, skip_eplb=True, remove_lora=False),
             )
+            if settings.get("SPYRE_SETTLED_GUARDS") and self._wrapper is not None:
+                self._wrapper.guards.arm(
+                    self.token_buckets.sizes, self.compile_report.total_artifacts
+                )
         # vLLM compiles its logprobs helper whatever the compilation mode; do
         # it now rather than on the first request that asks for logprobs.
         if not self.is_pooling_model and get_pp_group().is_last_rank:

@@ -12,21 +12,111 @@ model capabilities (pooling, multimodal, MoE), which a wrapper would hide.
   the host).
 
 On the cpu target both conversions are identity operations.
+
+The wrapper also decides how much of Dynamo's guard checking a step pays
+(:class:`SettledGuards`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from spyre_inference.platform import device as dev
+from spyre_inference.platform.logs import get_logger
+
+logger = get_logger(__name__)
+
+
+class SettledGuards:
+    """Run a step with only Dynamo's differentiating guards once its bucket is settled.
+
+    Why: every compiled block call evaluates its full guard tree (module
+    attributes, parameters, globals), about 70 us per call on this host and
+    a measurable share of a batch-1 decode step. With
+    ``torch.compiler.set_stance(skip_guard_eval_unsafe=True)`` Dynamo only
+    checks the guards that tell its cached graphs apart (here: the bucket's
+    shapes and the block variant).
+
+    That is only sound when no step can need a graph Dynamo does not already
+    hold, so a num_tokens bucket is *settled* in two stages:
+
+    1. warm-up compiled it (``arm``): every step is padded onto a bucket, and a
+       step of another size (none is expected) always gets full guards;
+    2. its first served step ran with full guards and added no graph to the
+       compiled model (``graph_count``). A step that did is the bug warm-up
+       exists to prevent: it is logged, and that bucket keeps full guards for
+       the rest of the process.
+
+    Attention kernels compiled by ``torch.compile`` inside a step see the same
+    stance; each of their variants is its own code object with exactly one
+    graph, selected by a key that mirrors Dynamo's guards
+    (``spyre_inference.attention.ops.compiled``), so skipping guards there
+    cannot pick a wrong graph either.
+    """
+
+    def __init__(self) -> None:
+        self._armed: frozenset[int] = frozenset()
+        self._graph_count: Callable[[], int] = lambda: 0
+        self._settled: set[int] = set()
+        self._unsettled: set[int] = set()
+
+    def arm(self, buckets: Iterable[int], graph_count: Callable[[], int]) -> None:
+        """Called at the end of warm-up with the buckets it compiled."""
+        self._armed = frozenset(buckets)
+        self._graph_count = graph_count
+        self._settled.clear()
+        self._unsettled.clear()
+
+    @property
+    def settled(self) -> frozenset[int]:
+        return frozenset(self._settled)
+
+    def run(self, num_tokens: int, call: Any) -> Any:
+        if num_tokens in self._settled:
+            try:
+                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                    return call()
+            except RuntimeError as exc:
+                # Dynamo refuses to compile under this stance when no cached
+                # graph passes the differentiating guards. Nothing of the step
+                # is lost by running it again: the blocks that ran are pure
+                # functions of their inputs, and the KV cache writes put the
+                # same values into the same slots.
+                if "skip_guard_eval_unsafe" not in str(exc):
+                    raise
+                self._settled.discard(num_tokens)
+                self._unsettled.add(num_tokens)
+                logger.warning(
+                    "A step of %d tokens needed a graph warm-up did not compile; that "
+                    "bucket goes back to full Dynamo guard checks. Please report the "
+                    "model and request.",
+                    num_tokens,
+                )
+                return call()
+        if num_tokens not in self._armed or num_tokens in self._unsettled:
+            return call()
+        graphs = self._graph_count()
+        out = call()
+        if self._graph_count() == graphs:
+            self._settled.add(num_tokens)
+        else:
+            self._unsettled.add(num_tokens)
+            logger.warning(
+                "A served step of %d tokens compiled a new graph after warm-up; that "
+                "bucket keeps full Dynamo guard checks. Please report the model and request.",
+                num_tokens,
+            )
+        return out
 
 
 class _SpyreModelWrapper:
     def __init__(self, model: nn.Module) -> None:
         self.model = model
+        self.guards = SettledGuards()
 
     def __call__(
         self,
@@ -38,10 +128,29 @@ class _SpyreModelWrapper:
             input_ids = _index_to_device(input_ids)
         if positions is not None:
             positions = _index_to_device(positions)
-        out = self.model(input_ids=input_ids, positions=positions, **kwargs)
+        out = self.guards.run(
+            _num_tokens(input_ids, positions, kwargs.get("inputs_embeds")),
+            lambda: self.model(input_ids=input_ids, positions=positions, **kwargs),
+        )
         if isinstance(out, torch.Tensor):
             return dev.to_host(out)
         return out
+
+
+def _num_tokens(
+    input_ids: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    inputs_embeds: torch.Tensor | None,
+) -> int:
+    """The step's (padded) token count; -1 when the call carries none."""
+    if positions is not None:
+        # M-RoPE positions are [3, num_tokens].
+        return int(positions.shape[-1])
+    if input_ids is not None:
+        return int(input_ids.shape[0])
+    if inputs_embeds is not None:
+        return int(inputs_embeds.shape[0])
+    return -1
 
 
 def _index_to_device(t: torch.Tensor) -> torch.Tensor:

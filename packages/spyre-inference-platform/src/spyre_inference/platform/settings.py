@@ -103,6 +103,16 @@ SETTINGS: tuple[Setting, ...] = (
         parse=_int_list,
     ),
     Setting(
+        "SPYRE_SETTLED_GUARDS",
+        "1",
+        "After warm-up, run a compiled step with only the Dynamo guards that tell its "
+        "cached graphs apart (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`) "
+        "once its num_tokens bucket has served one step with full guards and compiled "
+        "nothing (1), or evaluate every guard on every call (0).",
+        choices=_BOOL_CHOICES,
+        parse=_bool,
+    ),
+    Setting(
         "SPYRE_ATTN_KV_LAYOUT",
         "token_major",
         "KV-cache page layout: `token_major` ([blocks, block_size, kv_heads, head]) "
