@@ -167,7 +167,12 @@ class KernelFamily:
                 _describe(key),
             )
         start = time.perf_counter()
-        with self.compile_context():
+        # Full guard stance for the compile: a served step may run under the
+        # platform's settled guards (skip_guard_eval_unsafe), where Dynamo
+        # refuses to compile anything. Later calls of this variant may skip
+        # guards safely: its code object holds exactly this one graph, chosen
+        # by a key that mirrors the guards.
+        with self.compile_context(), torch.compiler.set_stance("default"):
             out = variant(*args)
         elapsed = time.perf_counter() - start
         stats.compile_seconds += elapsed
