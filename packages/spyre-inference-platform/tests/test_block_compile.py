@@ -369,8 +369,13 @@ def test_vllm_disable_compile_cache_turns_inductor_caches_off(monkeypatch, caplo
 
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")
     vllm_envs.disable_envs_cache()
-    monkeypatch.setattr(torch.compiler.config, "force_disable_caches", False)
-    with caplog.at_level("WARNING"):
-        configure_inductor_cache()
-    assert torch.compiler.config.force_disable_caches
+    # torch's config modules are restored through their own ``patch``: pytest >= 9.2's
+    # ``monkeypatch.setattr`` undoes a module attribute that is not in the module's
+    # ``__dict__`` with ``delattr``, which torch's config module turns into "hide this
+    # option", and every later compile then fails reading it.
+    with torch.compiler.config.patch(force_disable_caches=False):
+        with caplog.at_level("WARNING"):
+            configure_inductor_cache()
+        assert torch.compiler.config.force_disable_caches
+    assert not torch.compiler.config.force_disable_caches
     assert "cache is disabled" in caplog.text
