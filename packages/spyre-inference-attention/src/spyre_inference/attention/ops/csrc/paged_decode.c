@@ -1,10 +1,14 @@
 /* Decode attention over the token-major paged KV cache, for the cpu target.
  *
  * One query row per sequence (a decode step). For every (sequence, KV head)
- * pair the kernel walks the sequence's pages through its block table, reads
- * each slot's K|V row where it lies in the cache (16-bit values widened to
- * float32 in registers), and computes softmax(q k^T * scale + mask) v for the
- * G query heads that share the KV head, all in float32. It replaces, on the
+ * pair the kernel walks the sequence's block table once to list the unmasked
+ * slots' K|V rows where they lie in the cache, then computes
+ * softmax(q k^T * scale + mask) v for the G query heads that share the KV
+ * head, all in float32 (16-bit values widened in registers): scores four keys
+ * at a time (independent FMA chains, one horizontal reduction for the four),
+ * a vectorised exp, and P V with the output rows held in registers. A loop of
+ * one key at a time with a scalar expf ran ~300 cycles per key and KV head;
+ * this form runs ~40 (measured in benchmarks/sxs/analysis.md). It replaces, on the
  * cpu target only, the compiled batched-decode graph, which gathers whole
  * pages into a new tensor, widens them to float32 and runs PyTorch's flash
  * kernel: that costs 300-800 us per layer at one to four sequences on a 2-core
@@ -35,6 +39,11 @@
 
 enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2 };
 
+/* How many key rows ahead of the scores loop to prefetch. */
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 8
+#endif
+
 static inline __attribute__((always_inline)) __m256 load8(const void *base, long i, int kind) {
     if (kind == KIND_F32) return _mm256_loadu_ps((const float *)base + i);
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
@@ -49,90 +58,250 @@ static inline float hsum(__m256 v) {
     return _mm_cvtss_f32(a);
 }
 
-/* One (sequence, KV head): scores in sc[G][T], output rows os[G][D]. */
-static inline __attribute__((always_inline)) void attend(
-    int kind, const float *qs, long G, long D, const char *pages, long esize, long page_stride,
-    long slot_stride, long head_offset, const int64_t *blocks, long BS, long T, const float *ms,
-    float scale, float skip_below, float *sc, float *os) {
-    float mx[64], sum[64];
-    for (long g = 0; g < G; g++) mx[g] = -INFINITY, sum[g] = 0.f;
-    for (long t = 0; t < T; t++) {
-        if (ms[t] < skip_below) continue;
-        const char *k = pages + (blocks[t / BS] * page_stride + (t % BS) * slot_stride + head_offset) * esize;
-        for (long g = 0; g < G; g++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (long d = 0; d < D; d += 8)
-                acc = _mm256_fmadd_ps(load8(k, d, kind), _mm256_loadu_ps(qs + g * D + d), acc);
-            float v = hsum(acc) * scale + ms[t];
-            sc[g * T + t] = v;
-            if (v > mx[g]) mx[g] = v;
-        }
+/* exp of 8 floats: Cody-Waite range reduction to r in [-ln2/2, ln2/2] and a
+ * degree-6 polynomial (the classic Cephes expf coefficients, ~1 ulp), scaled
+ * by 2^n through the exponent bits. Inputs here are scores minus their
+ * maximum, so <= 0; below -87.3 the result is exactly 0, as expf underflows
+ * (a padding lane of -inf included). */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+    x = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+/* Scores of key rows j..j+3 against one query row, in one register each
+ * (four independent FMA chains instead of one), reduced together. */
+static inline __attribute__((always_inline)) __m128 dot4(const char *const *rows, const float *qg,
+                                                         long D, int kind) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (long d = 0; d < D; d += 8) {
+        __m256 qv = _mm256_loadu_ps(qg + d);
+        a0 = _mm256_fmadd_ps(load8(rows[0], d, kind), qv, a0);
+        a1 = _mm256_fmadd_ps(load8(rows[1], d, kind), qv, a1);
+        a2 = _mm256_fmadd_ps(load8(rows[2], d, kind), qv, a2);
+        a3 = _mm256_fmadd_ps(load8(rows[3], d, kind), qv, a3);
     }
-    for (long i = 0; i < G * D; i++) os[i] = 0.f;
-    for (long t = 0; t < T; t++) {
-        if (ms[t] < skip_below) continue;
-        for (long g = 0; g < G; g++) {
-            float p = expf(sc[g * T + t] - mx[g]);
-            sc[g * T + t] = p;
-            sum[g] += p;
-        }
-        const char *v = pages + (blocks[t / BS] * page_stride + (t % BS) * slot_stride + head_offset) * esize;
-        for (long d = 0; d < D; d += 8) {
-            __m256 vv = load8(v, D + d, kind);
-            for (long g = 0; g < G; g++) {
-                float *o = os + g * D + d;
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(_mm256_set1_ps(sc[g * T + t]), vv, _mm256_loadu_ps(o)));
-            }
-        }
-    }
-    for (long g = 0; g < G; g++) {
-        float inv = sum[g] > 0.f ? 1.f / sum[g] : 0.f;
-        for (long d = 0; d < D; d++) os[g * D + d] *= inv;
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* 16 values as two registers. bf16 is widened by interleaving zero halves
+ * (one shuffle per 8 values instead of a widen and a shift), which leaves
+ * them in lane order {0-3, 8-11} and {4-7, 12-15}: the query is permuted the
+ * same way (qperm16) and P V's sums are put back in order at the store
+ * (store16). The other kinds load in order. */
+static inline __attribute__((always_inline)) void load16(const void *base, long i, int kind,
+                                                        __m256 *lo, __m256 *hi) {
+    if (kind == KIND_BF16) {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
+        *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), h));
+        *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), h));
+    } else {
+        *lo = load8(base, i, kind);
+        *hi = load8(base, i + 8, kind);
     }
 }
 
-/* Returns 0; 1 when a thread could not allocate its score buffer (out is then
+static inline void qperm16(const float *q, float *qp, long D, int kind) {
+    static const int order[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
+    for (long d = 0; d < D; d += 16)
+        for (int i = 0; i < 16; i++) qp[d + i] = kind == KIND_BF16 ? q[d + order[i]] : q[d + i];
+}
+
+static inline __attribute__((always_inline)) void store16(float *o, __m256 lo, __m256 hi, __m256 s,
+                                                         int kind) {
+    if (kind == KIND_BF16) {
+        __m256 a = _mm256_permute2f128_ps(lo, hi, 0x20), b = _mm256_permute2f128_ps(lo, hi, 0x31);
+        lo = a, hi = b;
+    }
+    _mm256_storeu_ps(o, _mm256_mul_ps(lo, s));
+    _mm256_storeu_ps(o + 8, _mm256_mul_ps(hi, s));
+}
+
+/* dot4 for D % 16 == 0, against a query permuted by qperm16. */
+static inline __attribute__((always_inline)) __m128 dot4_16(const char *const *rows, const float *qg,
+                                                            long D, int kind) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, lo, hi;
+    for (long d = 0; d < D; d += 16) {
+        __m256 ql = _mm256_loadu_ps(qg + d), qh = _mm256_loadu_ps(qg + d + 8);
+        load16(rows[0], d, kind, &lo, &hi);
+        a0 = _mm256_fmadd_ps(hi, qh, _mm256_fmadd_ps(lo, ql, a0));
+        load16(rows[1], d, kind, &lo, &hi);
+        a1 = _mm256_fmadd_ps(hi, qh, _mm256_fmadd_ps(lo, ql, a1));
+        load16(rows[2], d, kind, &lo, &hi);
+        a2 = _mm256_fmadd_ps(hi, qh, _mm256_fmadd_ps(lo, ql, a2));
+        load16(rows[3], d, kind, &lo, &hi);
+        a3 = _mm256_fmadd_ps(hi, qh, _mm256_fmadd_ps(lo, ql, a3));
+    }
+    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* out[d0:d0+16*NB] = sum_j p[j] * V_j[...] * inv for D % 16 == 0. */
+#define PV_BLOCK16(NB)                                                                 \
+    do {                                                                               \
+        __m256 acc[2 * NB], lo, hi;                                                    \
+        for (int b = 0; b < 2 * NB; b++) acc[b] = _mm256_setzero_ps();                 \
+        for (long j = 0; j < n; j++) {                                                 \
+            __m256 pj = _mm256_set1_ps(p[j]);                                          \
+            const char *v = rows[j] + (D + d0) * esize;                                \
+            for (int b = 0; b < NB; b++) {                                             \
+                load16(v, 16 * b, kind, &lo, &hi);                                     \
+                acc[2 * b] = _mm256_fmadd_ps(pj, lo, acc[2 * b]);                      \
+                acc[2 * b + 1] = _mm256_fmadd_ps(pj, hi, acc[2 * b + 1]);              \
+            }                                                                          \
+        }                                                                              \
+        for (int b = 0; b < NB; b++)                                                   \
+            store16(og + d0 + 16 * b, acc[2 * b], acc[2 * b + 1], _mm256_set1_ps(inv), kind); \
+        d0 += 16 * NB;                                                                 \
+    } while (0)
+
+/* out[0:8*NB] = sum_j p[j] * V_j[d0:d0+8*NB] * inv, NB registers of sums. */
+#define PV_BLOCK(NB)                                                                   \
+    do {                                                                               \
+        __m256 acc[NB];                                                                \
+        for (int b = 0; b < NB; b++) acc[b] = _mm256_setzero_ps();                     \
+        for (long j = 0; j < n; j++) {                                                 \
+            __m256 pj = _mm256_set1_ps(p[j]);                                          \
+            const char *v = rows[j] + (D + d0) * esize;                                \
+            for (int b = 0; b < NB; b++)                                               \
+                acc[b] = _mm256_fmadd_ps(pj, load8(v, 8 * b, kind), acc[b]);           \
+        }                                                                              \
+        for (int b = 0; b < NB; b++)                                                   \
+            _mm256_storeu_ps(og + d0 + 8 * b, _mm256_mul_ps(acc[b], _mm256_set1_ps(inv))); \
+        d0 += 8 * NB;                                                                  \
+    } while (0)
+
+/* One (sequence, KV head) over its n unmasked key rows (rows[j] points at a
+ * K|V row, mv[j] is its mask value): scores in sc[G][n8], the query permuted
+ * for load16 in qp[G][D], outputs os[G][D]. */
+static inline __attribute__((always_inline)) void attend(
+    int kind, const float *qs, long G, long D, long esize, const char *const *rows, const float *mv,
+    long n, float scale, float *sc, float *qp, float *os) {
+    const long n8 = (n + 7) & ~7L;
+    const long row_bytes = 2 * D * esize;
+    const int by16 = D % 16 == 0;
+    if (by16)
+        for (long g = 0; g < G; g++) qperm16(qs + g * D, qp + g * D, D, kind);
+    long j = 0;
+    for (; j + 4 <= n; j += 4) {
+        /* The rows are scattered over pages that are cold in the caches (a
+         * decode step reads each layer's KV once), at a stride the hardware
+         * prefetchers do not follow across pages: without this the kernel
+         * waits on DRAM latency, ~3x slower than from cache. The whole K|V
+         * row is fetched, so the P V pass below reads V from cache. */
+        for (long f = j + PREFETCH_ROWS; f < j + PREFETCH_ROWS + 4 && f < n; f++)
+            for (long b = 0; b < row_bytes; b += 64) _mm_prefetch(rows[f] + b, _MM_HINT_T0);
+        for (long g = 0; g < G; g++) {
+            __m128 s = by16 ? dot4_16(rows + j, qp + g * D, D, kind) : dot4(rows + j, qs + g * D, D, kind);
+            s = _mm_fmadd_ps(s, _mm_set1_ps(scale), _mm_loadu_ps(mv + j));
+            _mm_storeu_ps(sc + g * n8 + j, s);
+        }
+    }
+    for (; j < n; j++)
+        for (long g = 0; g < G; g++) {
+            __m256 acc = _mm256_setzero_ps();
+            for (long d = 0; d < D; d += 8)
+                acc = _mm256_fmadd_ps(load8(rows[j], d, kind), _mm256_loadu_ps(qs + g * D + d), acc);
+            sc[g * n8 + j] = hsum(acc) * scale + mv[j];
+        }
+    for (long g = 0; g < G; g++) {
+        float *p = sc + g * n8;
+        float *og = os + g * D;
+        for (long t = n; t < n8; t++) p[t] = -INFINITY; /* exp8 -> 0 */
+        if (n == 0) {
+            for (long d = 0; d < D; d++) og[d] = 0.f;
+            continue;
+        }
+        __m256 m8 = _mm256_set1_ps(-INFINITY);
+        for (long t = 0; t < n8; t += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(p + t));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
+        __m256 s8 = _mm256_setzero_ps();
+        for (long t = 0; t < n8; t += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mx));
+            _mm256_storeu_ps(p + t, e);
+            s8 = _mm256_add_ps(s8, e);
+        }
+        const float inv = 1.f / hsum(s8);
+        long d0 = 0;
+        if (by16) {
+            while (D - d0 >= 64) PV_BLOCK16(4);
+            while (D - d0 >= 16) PV_BLOCK16(1);
+            continue;
+        }
+        while (D - d0 >= 64) PV_BLOCK(8);
+        while (D - d0 >= 32) PV_BLOCK(4);
+        while (D - d0 >= 8) PV_BLOCK(1);
+    }
+}
+
+/* Returns 0; 1 when a thread could not allocate its buffers (out is then
  * incomplete and the caller must raise); 2 for a group size over 64. */
 int spyre_paged_decode(const float *q, long S, long H, long D, const void *pages, int kind,
                        long page_stride, long slot_stride, long head_stride, long KVH,
                        const int64_t *block_ids, long NBK, long BS, const float *mask,
                        float scale, float skip_below, float *out, int nthreads) {
-    const long G = H / KVH, T = NBK * BS;
+    const long G = H / KVH, T = NBK * BS, T8 = (T + 7) & ~7L;
     const long esize = kind == KIND_F32 ? 4 : 2;
     if (G > 64) return 2;
+    if (S * KVH == 0) return 0;
     if (nthreads < 1) nthreads = 1;
+    if (nthreads > S * KVH) nthreads = (int)(S * KVH);
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *sc = malloc(sizeof(float) * (size_t)(G * T));
-        if (!sc) {
+        float *sc = malloc(sizeof(float) * (size_t)(G * T8 + T8 + G * D));
+        const char **rows = malloc(sizeof(char *) * (size_t)T8);
+        if (!sc || !rows) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static) collapse(2)
         for (long s = 0; s < S; s++) {
             for (long h = 0; h < KVH; h++) {
-                if (!sc) continue;
+                if (!sc || !rows) continue;
+                float *mv = sc + G * T8, *qp = mv + T8;
+                const float *ms = mask + s * T;
+                const int64_t *blocks = block_ids + s * NBK;
+                const char *base = (const char *)pages + h * head_stride * esize;
+                long n = 0;
+                /* Gather the unmasked slots once: masked keys (padding, outside a
+                 * sliding window) are never read and get probability 0. */
+                for (long t = 0; t < T; t++) {
+                    if (ms[t] < skip_below) continue;
+                    rows[n] = base + (blocks[t / BS] * page_stride + (t % BS) * slot_stride) * esize;
+                    mv[n++] = ms[t];
+                }
                 const float *qs = q + (s * H + h * G) * D;
                 float *os = out + (s * H + h * G) * D;
-                const int64_t *blocks = block_ids + s * NBK;
-                const float *ms = mask + s * T;
-                const char *p = (const char *)pages;
                 switch (kind) {
                     case KIND_BF16:
-                        attend(KIND_BF16, qs, G, D, p, esize, page_stride, slot_stride, h * head_stride,
-                               blocks, BS, T, ms, scale, skip_below, sc, os);
+                        attend(KIND_BF16, qs, G, D, esize, rows, mv, n, scale, sc, qp, os);
                         break;
                     case KIND_F16:
-                        attend(KIND_F16, qs, G, D, p, esize, page_stride, slot_stride, h * head_stride,
-                               blocks, BS, T, ms, scale, skip_below, sc, os);
+                        attend(KIND_F16, qs, G, D, esize, rows, mv, n, scale, sc, qp, os);
                         break;
                     default:
-                        attend(KIND_F32, qs, G, D, p, esize, page_stride, slot_stride, h * head_stride,
-                               blocks, BS, T, ms, scale, skip_below, sc, os);
+                        attend(KIND_F32, qs, G, D, esize, rows, mv, n, scale, sc, qp, os);
                 }
             }
         }
+        free(rows);
         free(sc);
     }
     return failed;
