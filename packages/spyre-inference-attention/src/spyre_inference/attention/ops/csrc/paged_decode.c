@@ -8,7 +8,7 @@
  * at a time (independent FMA chains, one horizontal reduction for the four),
  * a vectorised exp, and P V with the output rows held in registers. A loop of
  * one key at a time with a scalar expf took 2.2 ms per layer at 32 sequences
- * of ~160 keys with the cache cold; this form takes 0.32 ms (measured in
+ * of ~160 keys with the cache cold; this form takes 0.3-0.4 ms (measured in
  * benchmarks/sxs/analysis.md, run of 2026-12-03). It replaces, on the
  * cpu target only, the compiled batched-decode graph, which gathers whole
  * pages into a new tensor, widens them to float32 and runs PyTorch's flash
@@ -98,77 +98,6 @@ static inline __attribute__((always_inline)) __m128 dot4(const char *const *rows
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* 16 values as two registers. bf16 is widened by interleaving zero halves
- * (one shuffle per 8 values instead of a widen and a shift), which leaves
- * them in lane order {0-3, 8-11} and {4-7, 12-15}: the query is permuted the
- * same way (qperm16) and P V's sums are put back in order at the store
- * (store16). The other kinds load in order. */
-static inline __attribute__((always_inline)) void load16(const void *base, long i, int kind,
-                                                        __m256 *lo, __m256 *hi) {
-    if (kind == KIND_BF16) {
-        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
-        *lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), h));
-        *hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), h));
-    } else {
-        *lo = load8(base, i, kind);
-        *hi = load8(base, i + 8, kind);
-    }
-}
-
-static inline void qperm16(const float *q, float *qp, long D, int kind) {
-    static const int order[16] = {0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15};
-    for (long d = 0; d < D; d += 16)
-        for (int i = 0; i < 16; i++) qp[d + i] = kind == KIND_BF16 ? q[d + order[i]] : q[d + i];
-}
-
-static inline __attribute__((always_inline)) void store16(float *o, __m256 lo, __m256 hi, __m256 s,
-                                                         int kind) {
-    if (kind == KIND_BF16) {
-        __m256 a = _mm256_permute2f128_ps(lo, hi, 0x20), b = _mm256_permute2f128_ps(lo, hi, 0x31);
-        lo = a, hi = b;
-    }
-    _mm256_storeu_ps(o, _mm256_mul_ps(lo, s));
-    _mm256_storeu_ps(o + 8, _mm256_mul_ps(hi, s));
-}
-
-/* dot4 for D % 16 == 0, against a query permuted by qperm16. */
-static inline __attribute__((always_inline)) __m128 dot4_16(const char *const *rows, const float *qg,
-                                                            long D, int kind) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, lo, hi;
-    for (long d = 0; d < D; d += 16) {
-        __m256 ql = _mm256_loadu_ps(qg + d), qh = _mm256_loadu_ps(qg + d + 8);
-        load16(rows[0], d, kind, &lo, &hi);
-        a0 = _mm256_fmadd_ps(hi, qh, _mm256_fmadd_ps(lo, ql, a0));
-        load16(rows[1], d, kind, &lo, &hi);
-        a1 = _mm256_fmadd_ps(hi, qh, _mm256_fmadd_ps(lo, ql, a1));
-        load16(rows[2], d, kind, &lo, &hi);
-        a2 = _mm256_fmadd_ps(hi, qh, _mm256_fmadd_ps(lo, ql, a2));
-        load16(rows[3], d, kind, &lo, &hi);
-        a3 = _mm256_fmadd_ps(hi, qh, _mm256_fmadd_ps(lo, ql, a3));
-    }
-    __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-    return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-/* out[d0:d0+16*NB] = sum_j p[j] * V_j[...] * inv for D % 16 == 0. */
-#define PV_BLOCK16(NB)                                                                 \
-    do {                                                                               \
-        __m256 acc[2 * NB], lo, hi;                                                    \
-        for (int b = 0; b < 2 * NB; b++) acc[b] = _mm256_setzero_ps();                 \
-        for (long j = 0; j < n; j++) {                                                 \
-            __m256 pj = _mm256_set1_ps(p[j]);                                          \
-            const char *v = rows[j] + (D + d0) * esize;                                \
-            for (int b = 0; b < NB; b++) {                                             \
-                load16(v, 16 * b, kind, &lo, &hi);                                     \
-                acc[2 * b] = _mm256_fmadd_ps(pj, lo, acc[2 * b]);                      \
-                acc[2 * b + 1] = _mm256_fmadd_ps(pj, hi, acc[2 * b + 1]);              \
-            }                                                                          \
-        }                                                                              \
-        for (int b = 0; b < NB; b++)                                                   \
-            store16(og + d0 + 16 * b, acc[2 * b], acc[2 * b + 1], _mm256_set1_ps(inv), kind); \
-        d0 += 16 * NB;                                                                 \
-    } while (0)
-
 /* out[0:8*NB] = sum_j p[j] * V_j[d0:d0+8*NB] * inv, NB registers of sums. */
 #define PV_BLOCK(NB)                                                                   \
     do {                                                                               \
@@ -186,16 +115,12 @@ static inline __attribute__((always_inline)) __m128 dot4_16(const char *const *r
     } while (0)
 
 /* One (sequence, KV head) over its n unmasked key rows (rows[j] points at a
- * K|V row, mv[j] is its mask value): scores in sc[G][n8], the query permuted
- * for load16 in qp[G][D], outputs os[G][D]. */
+ * K|V row, mv[j] is its mask value): scores in sc[G][n8], outputs os[G][D]. */
 static inline __attribute__((always_inline)) void attend(
     int kind, const float *qs, long G, long D, long esize, const char *const *rows, const float *mv,
-    long n, float scale, float *sc, float *qp, float *os) {
+    long n, float scale, float *sc, float *os) {
     const long n8 = (n + 7) & ~7L;
     const long row_bytes = 2 * D * esize;
-    const int by16 = D % 16 == 0;
-    if (by16)
-        for (long g = 0; g < G; g++) qperm16(qs + g * D, qp + g * D, D, kind);
     long j = 0;
     for (; j + 4 <= n; j += 4) {
         /* The rows are scattered over pages that are cold in the caches (a
@@ -206,7 +131,7 @@ static inline __attribute__((always_inline)) void attend(
         for (long f = j + PREFETCH_ROWS; f < j + PREFETCH_ROWS + 4 && f < n; f++)
             for (long b = 0; b < row_bytes; b += 64) _mm_prefetch(rows[f] + b, _MM_HINT_T0);
         for (long g = 0; g < G; g++) {
-            __m128 s = by16 ? dot4_16(rows + j, qp + g * D, D, kind) : dot4(rows + j, qs + g * D, D, kind);
+            __m128 s = dot4(rows + j, qs + g * D, D, kind);
             s = _mm_fmadd_ps(s, _mm_set1_ps(scale), _mm_loadu_ps(mv + j));
             _mm_storeu_ps(sc + g * n8 + j, s);
         }
@@ -240,11 +165,6 @@ static inline __attribute__((always_inline)) void attend(
         }
         const float inv = 1.f / hsum(s8);
         long d0 = 0;
-        if (by16) {
-            while (D - d0 >= 64) PV_BLOCK16(4);
-            while (D - d0 >= 16) PV_BLOCK16(1);
-            continue;
-        }
         while (D - d0 >= 64) PV_BLOCK(8);
         while (D - d0 >= 32) PV_BLOCK(4);
         while (D - d0 >= 8) PV_BLOCK(1);
@@ -266,7 +186,7 @@ int spyre_paged_decode(const float *q, long S, long H, long D, const void *pages
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *sc = malloc(sizeof(float) * (size_t)(G * T8 + T8 + G * D));
+        float *sc = malloc(sizeof(float) * (size_t)(G * T8 + T8));
         const char **rows = malloc(sizeof(char *) * (size_t)T8);
         if (!sc || !rows) {
 #pragma omp atomic write
@@ -276,7 +196,7 @@ int spyre_paged_decode(const float *q, long S, long H, long D, const void *pages
         for (long s = 0; s < S; s++) {
             for (long h = 0; h < KVH; h++) {
                 if (!sc || !rows) continue;
-                float *mv = sc + G * T8, *qp = mv + T8;
+                float *mv = sc + G * T8;
                 const float *ms = mask + s * T;
                 const int64_t *blocks = block_ids + s * NBK;
                 const char *base = (const char *)pages + h * head_stride * esize;
@@ -292,13 +212,13 @@ int spyre_paged_decode(const float *q, long S, long H, long D, const void *pages
                 float *os = out + (s * H + h * G) * D;
                 switch (kind) {
                     case KIND_BF16:
-                        attend(KIND_BF16, qs, G, D, esize, rows, mv, n, scale, sc, qp, os);
+                        attend(KIND_BF16, qs, G, D, esize, rows, mv, n, scale, sc, os);
                         break;
                     case KIND_F16:
-                        attend(KIND_F16, qs, G, D, esize, rows, mv, n, scale, sc, qp, os);
+                        attend(KIND_F16, qs, G, D, esize, rows, mv, n, scale, sc, os);
                         break;
                     default:
-                        attend(KIND_F32, qs, G, D, esize, rows, mv, n, scale, sc, qp, os);
+                        attend(KIND_F32, qs, G, D, esize, rows, mv, n, scale, sc, os);
                 }
             }
         }
