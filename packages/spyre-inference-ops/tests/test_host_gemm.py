@@ -109,3 +109,72 @@ def test_bad_arguments_are_errors():
         host_gemm_w16(x, w.float())
     with pytest.raises(ValueError, match="features"):
         host_gemm_w16(x[:, :15], w)
+
+
+# ---- the per-ISA builds ------------------------------------------------------
+
+# Shapes crossing every path of both builds: few rows and many rows, 32-column
+# (AVX-512) and 16-column (AVX2) panels with ragged last panels, a 16-wide body
+# with an 8-wide remainder and a scalar tail, K below and above the split.
+_ISA_SHAPES = [
+    (m, k, n)
+    for m in (1, 2, 4, 5, 8, 12, 13, 25, 40)
+    for (k, n) in ((576, 960), (100, 37), (33, 8), (7, 130), (1536, 200), (64, 56))
+]
+
+
+def _forced_isa(monkeypatch, isa: str):
+    from spyre_inference.ops import host_gemm
+    from spyre_inference.platform import device as dev
+
+    monkeypatch.setenv("SPYRE_CPU_ISA", isa)
+    dev.reset_for_tests()
+    host_gemm.reset_for_tests()
+    return host_gemm
+
+
+@pytest.fixture
+def restore_isa():
+    yield
+    from spyre_inference.ops import host_gemm
+    from spyre_inference.platform import device as dev
+
+    dev.reset_for_tests()
+    host_gemm.reset_for_tests()
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_each_isa_build_matches_float64_and_the_avx2_bits(monkeypatch, restore_isa, isa):
+    """SPYRE_CPU_ISA forces a build: it is the one loaded, it is within float32
+    rounding of float64, and its bits equal the AVX2 build's on every shape (the
+    builds run the same FMA chains), so a machine's ISA never changes a token."""
+    from spyre_inference.platform.native_build import AVX512_CPU_FLAGS, cpu_flags
+
+    if isa == "avx512" and not set(AVX512_CPU_FLAGS) <= cpu_flags():
+        pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ")
+    host_gemm = _forced_isa(monkeypatch, "avx2")
+    assert host_gemm.kernel_isa() == "avx2"
+    inputs = []
+    for i, (m, k, n) in enumerate(_ISA_SHAPES):
+        for dtype in (torch.bfloat16, torch.float16):
+            x, w = _inputs(m, k, n, dtype, seed=100 + i)
+            inputs.append((x, w, host_gemm_w16(x, w)))
+    host_gemm = _forced_isa(monkeypatch, isa)
+    assert host_gemm.kernel_isa() == isa
+    for x, w, avx2_bits in inputs:
+        y = host_gemm_w16(x, w)
+        _assert_close_to_float64(y, x, w)
+        assert torch.equal(y, avx2_bits), (tuple(x.shape), tuple(w.shape), w.dtype)
+
+
+def test_forcing_an_isa_the_cpu_lacks_names_it(monkeypatch, restore_isa):
+    from spyre_inference.platform.native_build import AVX512_CPU_FLAGS, cpu_flags
+
+    lacking = [
+        isa for isa, flags in (("avx512", AVX512_CPU_FLAGS),) if not set(flags) <= cpu_flags()
+    ]
+    if not lacking:
+        pytest.skip("this CPU runs every build")
+    host_gemm = _forced_isa(monkeypatch, lacking[0])
+    reason = host_gemm.kernel_unavailable_reason(torch.bfloat16)
+    assert reason is not None and f"SPYRE_CPU_ISA={lacking[0]}" in reason

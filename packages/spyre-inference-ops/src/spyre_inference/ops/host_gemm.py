@@ -5,11 +5,16 @@ matmul wants). On a CPU without AVX-512 BF16/FP16 or AMX, PyTorch has no fast
 16-bit GEMM for that layout: ATen falls back to scalar loops. The first answer
 was a float32 copy of every weight and MKL's float32 GEMM, which reads twice the
 weight bytes per decode step (the step is memory bound at batch 1) and doubles
-the weights' memory. This module builds a small AVX2 kernel
-(``csrc/host_gemm.c``) that reads the 16-bit weight of record directly and
-accumulates in float32, with results that do not depend on the batch size
-(see the C file); measured on a 2-core Zen 1 EPYC it is 1.5-2.5x faster than
-the float32 copy at 1-3 rows and as fast or faster from 5 rows up.
+the weights' memory. This module builds a small AVX2 / AVX-512 kernel
+(``csrc/host_gemm.c``, the build chosen per CPU by
+:func:`spyre_inference.platform.native_build.select_isa`) that reads the
+16-bit weight of record directly and accumulates in float32, with results
+that depend neither on the batch size nor on the build (see the C file).
+Measured on a 2-core Zen 1 EPYC (AVX2 build) it is 1.5-2.5x faster than the
+float32 copy at 1-3 rows and as fast or faster from 5 rows up. On AVX-512 CPUs
+without BF16 (Ice Lake Xeon) oneDNN runs bfloat16 GEMMs by widening in
+software; there this kernel is used too (see
+:func:`spyre_inference.platform.device.has_fast_16bit_gemm`).
 
 The kernel is built once per machine with the system C compiler into
 ``$XDG_CACHE_HOME/spyre-inference/kernels`` and loaded with ctypes (no torch
@@ -33,7 +38,7 @@ from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.native_build import (
     NativeKernelUnavailable,
     kernel_cache_dir,
-    load_avx2_kernel,
+    load_kernel,
 )
 
 logger = get_logger(__name__)
@@ -66,8 +71,16 @@ def _library() -> ctypes.CDLL:
     return lib
 
 
+#: Instruction sets ``csrc/host_gemm.c`` has builds for (bit-identical results).
+ISAS = ("avx512", "avx2")
+
+
 def _load() -> ctypes.CDLL:
-    lib = load_avx2_kernel(_SOURCE)
+    lib, isa = load_kernel(_SOURCE, ISAS)
+    lib.spyre_gemm_isa.restype = ctypes.c_int
+    width = {"avx512": 512, "avx2": 256}[isa]
+    if lib.spyre_gemm_isa() != width:  # the build flags and the C file disagree
+        raise HostGemmUnavailable(f"{lib._name} is not the {isa} build")
     fn = lib.spyre_gemm_w16
     fn.restype = ctypes.c_int
     fn.argtypes = [
@@ -83,8 +96,21 @@ def _load() -> ctypes.CDLL:
         ctypes.c_int,  # float16 (else bfloat16)
         ctypes.c_int,  # threads
     ]
-    logger.info("cpu target: host GEMM kernel loaded from %s", lib._name)
+    lib.spyre_isa = isa
+    logger.info("cpu target: host GEMM kernel, %s build, loaded from %s", isa, lib._name)
     return lib
+
+
+def reset_for_tests() -> None:
+    """Forget the loaded build, so the next call selects one again (tests that force
+    ``SPYRE_CPU_ISA``; the process keeps every build it loaded)."""
+    _library_or_error.cache_clear()
+
+
+def kernel_isa() -> str | None:
+    """The instruction set of the loaded host GEMM build, or None when it is unavailable."""
+    lib = _library_or_error()
+    return None if isinstance(lib, str) else lib.spyre_isa
 
 
 def kernel_unavailable_reason(dtype: torch.dtype) -> str | None:
@@ -169,5 +195,7 @@ __all__ = [
     "host_gemm_w16",
     "kernel_available",
     "kernel_cache_dir",
+    "kernel_isa",
     "kernel_unavailable_reason",
+    "reset_for_tests",
 ]

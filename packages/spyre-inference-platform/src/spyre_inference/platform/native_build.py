@@ -1,17 +1,24 @@
 """Build and load the cpu target's small C kernels (host GEMM, decode attention).
 
 The cpu target replaces a few PyTorch paths that are slow on CPUs without
-16-bit matrix instructions with AVX2 kernels of the plugin's packages. They
+16-bit matrix instructions with small C kernels of the plugin's packages. They
 need no torch headers: each is one C file built with the system C compiler in
 about a second, cached per machine under ``cache_root()/kernels`` by a hash of
 its source, flags and compiler, and loaded with ctypes. One place builds them
 so every package finds the same cache and gives the same reasons when a host
 cannot have them.
+
+A kernel source may have builds for more than one instruction set
+(:data:`ISAS`): the build is chosen once per process from the CPU's flags, the
+widest the source supports, or forced with ``SPYRE_CPU_ISA`` (tests force each
+one). The C files keep the arithmetic per output element the same in every
+build, so the choice changes speed, never results.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import os
@@ -22,6 +29,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from spyre_inference.platform import settings
 from spyre_inference.platform.cache_dir import cache_root
 
 #: Flags every kernel is built with: AVX2/FMA/F16C code, OpenMP (libgomp, the
@@ -37,6 +45,34 @@ AVX2_CFLAGS: tuple[str, ...] = (
 )
 #: CPU flags :data:`AVX2_CFLAGS` require (as /proc/cpuinfo spells them).
 AVX2_CPU_FLAGS: tuple[str, ...] = ("avx2", "fma", "f16c")
+#: AVX-512 builds add these (F, BW, VL, DQ: what the kernels' 16-wide loads,
+#: widening conversions and 256-bit EVEX forms use; every AVX-512 server CPU
+#: since Skylake-SP has them).
+AVX512_CFLAGS: tuple[str, ...] = (
+    *AVX2_CFLAGS,
+    "-mavx512f",
+    "-mavx512bw",
+    "-mavx512vl",
+    "-mavx512dq",
+)
+AVX512_CPU_FLAGS: tuple[str, ...] = (*AVX2_CPU_FLAGS, "avx512f", "avx512bw", "avx512vl", "avx512dq")
+
+
+@dataclasses.dataclass(frozen=True)
+class Isa:
+    """An instruction set a kernel can be built for."""
+
+    name: str
+    cpu_flags: tuple[str, ...]
+    cflags: tuple[str, ...]
+
+
+#: Instruction sets, widest first.
+ISAS: tuple[Isa, ...] = (
+    Isa("avx512", AVX512_CPU_FLAGS, AVX512_CFLAGS),
+    Isa("avx2", AVX2_CPU_FLAGS, AVX2_CFLAGS),
+)
+_ISA_BY_NAME = {isa.name: isa for isa in ISAS}
 
 
 class NativeKernelUnavailable(RuntimeError):
@@ -65,17 +101,6 @@ def c_compiler() -> str | None:
         if name and shutil.which(name):
             return name
     return None
-
-
-def check_avx2_host() -> None:
-    """Raise :class:`NativeKernelUnavailable` unless x86-64 with AVX2/FMA/F16C."""
-    if platform.machine() not in ("x86_64", "AMD64"):
-        raise NativeKernelUnavailable(
-            f"the kernels are x86-64 only (this host: {platform.machine()})"
-        )
-    missing = [f for f in AVX2_CPU_FLAGS if f not in cpu_flags()]
-    if missing:
-        raise NativeKernelUnavailable(f"the CPU lacks {', '.join(missing)}")
 
 
 def build(source: Path, cflags: Sequence[str] = AVX2_CFLAGS) -> Path:
@@ -112,20 +137,62 @@ def build(source: Path, cflags: Sequence[str] = AVX2_CFLAGS) -> Path:
     return out
 
 
-def load_avx2_kernel(source: Path) -> ctypes.CDLL:
-    """Check the host, build ``source`` with :data:`AVX2_CFLAGS` and load it."""
-    check_avx2_host()
-    return ctypes.CDLL(str(build(source)))
+def _missing(isa: Isa) -> list[str]:
+    return [f for f in isa.cpu_flags if f not in cpu_flags()]
+
+
+def select_isa(supported: Sequence[str]) -> Isa:
+    """The instruction set a kernel with builds for ``supported`` uses on this host.
+
+    ``SPYRE_CPU_ISA=auto`` takes the widest build the CPU runs. A named ISA
+    caps the choice: the widest build up to it (a kernel with an AVX2 build
+    only stays AVX2 under ``avx512``); naming one the CPU cannot run makes the
+    kernels unavailable with that reason (a forced choice never silently falls
+    back to another).
+    """
+    if platform.machine() not in ("x86_64", "AMD64"):
+        raise NativeKernelUnavailable(
+            f"the kernels are x86-64 only (this host: {platform.machine()})"
+        )
+    candidates = list(ISAS)
+    forced = settings.get("SPYRE_CPU_ISA")
+    if forced != "auto":
+        cap = _ISA_BY_NAME[forced]
+        missing = _missing(cap)
+        if missing:
+            raise NativeKernelUnavailable(
+                f"SPYRE_CPU_ISA={forced}: the CPU lacks {', '.join(missing)}"
+            )
+        candidates = candidates[candidates.index(cap) :]
+    candidates = [isa for isa in candidates if isa.name in supported]
+    for isa in candidates:
+        if not _missing(isa):
+            return isa
+    if not candidates:
+        raise NativeKernelUnavailable(
+            f"SPYRE_CPU_ISA={forced}: this kernel has builds for {', '.join(supported)} only"
+        )
+    raise NativeKernelUnavailable(f"the CPU lacks {', '.join(_missing(candidates[-1]))}")
+
+
+def load_kernel(source: Path, supported: Sequence[str] = ("avx2",)) -> tuple[ctypes.CDLL, str]:
+    """Build ``source`` for :func:`select_isa`'s choice, load it; (library, ISA name)."""
+    isa = select_isa(supported)
+    return ctypes.CDLL(str(build(source, isa.cflags))), isa.name
 
 
 __all__ = [
     "AVX2_CFLAGS",
     "AVX2_CPU_FLAGS",
+    "AVX512_CFLAGS",
+    "AVX512_CPU_FLAGS",
+    "ISAS",
+    "Isa",
     "NativeKernelUnavailable",
     "build",
     "c_compiler",
-    "check_avx2_host",
     "cpu_flags",
     "kernel_cache_dir",
-    "load_avx2_kernel",
+    "load_kernel",
+    "select_isa",
 ]

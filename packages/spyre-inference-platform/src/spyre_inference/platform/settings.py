@@ -168,6 +168,15 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("auto", "torch"),
     ),
     Setting(
+        "SPYRE_CPU_ISA",
+        "auto",
+        "cpu target: the instruction set the plugin's host kernels are built for. `auto` "
+        "takes the widest this CPU runs and the kernel has a build for (the host GEMM: "
+        "`avx512` on CPUs with AVX-512 F/BW/VL/DQ, else `avx2`); a named one is used or the "
+        "kernel is unavailable (never a silent fallback). Every build gives the same results.",
+        choices=("auto", "avx2", "avx512"),
+    ),
+    Setting(
         "SPYRE_CPU_ATTN_KERNEL",
         "auto",
         "cpu target: attention's host paths. `auto`: a decode batch attends through the "

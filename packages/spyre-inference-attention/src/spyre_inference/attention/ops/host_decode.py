@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from spyre_inference.platform.logs import get_logger
-from spyre_inference.platform.native_build import NativeKernelUnavailable, load_avx2_kernel
+from spyre_inference.platform.native_build import NativeKernelUnavailable, load_kernel
 
 logger = get_logger(__name__)
 
@@ -55,6 +55,9 @@ def as_graph_call(what: str) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
+#: Instruction sets ``csrc/paged_decode.c`` has builds for.
+ISAS = ("avx2",)
+
 _calls = 0
 
 
@@ -67,7 +70,7 @@ def calls() -> int:
 def _library_or_error() -> ctypes.CDLL | str:
     """The loaded kernel, or why it cannot be had (tried once per process)."""
     try:
-        lib = load_avx2_kernel(_SOURCE)
+        lib, isa = load_kernel(_SOURCE, ISAS)
     except (NativeKernelUnavailable, OSError) as exc:
         logger.info("cpu target: decode-attention kernel unavailable (%s); using the graph", exc)
         return str(exc)
@@ -93,7 +96,7 @@ def _library_or_error() -> ctypes.CDLL | str:
         ctypes.c_void_p,  # out
         ctypes.c_int,  # threads
     ]
-    logger.info("cpu target: decode-attention kernel loaded from %s", lib._name)
+    logger.info("cpu target: decode-attention kernel, %s build, loaded from %s", isa, lib._name)
     return lib
 
 

@@ -35,9 +35,16 @@
  * over all rows, summing both halves in one pass per tile (compute bound);
  * those threads split columns.
  *
- * Built at first use by spyre_inference.ops.host_gemm with
- * -O3 -mavx2 -mfma -mf16c -fopenmp; OpenMP resolves to the libgomp torch
- * already loaded (same soname), so there is one thread pool. */
+ * Two builds of this file: AVX2 (-mavx2 -mfma -mf16c) and, on CPUs with
+ * AVX-512 (F, BW, VL), an AVX-512 build in which both paths use 16-wide
+ * vectors and the many-rows tile is 12x32. The arithmetic per output element
+ * is the same in both (the same FMA chains in the same k order), so the two
+ * builds give bit-identical results and a machine's choice never changes a
+ * token. spyre_gemm_isa() says which build is loaded.
+ *
+ * Built at first use by spyre_inference.ops.host_gemm with -O3 -fopenmp;
+ * OpenMP resolves to the libgomp torch already loaded (same soname), so there
+ * is one thread pool. */
 
 static inline __attribute__((always_inline)) __m256 ld16(const uint16_t *p, int f16) {
     __m128i h = _mm_loadu_si128((const __m128i *)p);
@@ -192,6 +199,172 @@ static void pack(const uint16_t *w, long ldw, long K, int ncols, float *pw, int 
     }
 }
 
+#ifdef __AVX512F__
+/* ---- AVX-512 build: the same two paths with 16-wide vectors ---- */
+static inline __attribute__((always_inline)) __m512 ld16x16(const uint16_t *p, int f16) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)p);
+    if (f16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* few_rows with 16-wide vectors: at most one 8-wide vector and a scalar tail
+ * after them. Per element: the same chain as few_rows. */
+static inline __attribute__((always_inline)) void few_rows_512(
+    const float *x, long M, long K, long ldx, const uint16_t *w, long ldw,
+    float *y, long ldy, long n0, long n1, int f16)
+{
+    long nv = (n1 - n0) / 16;
+    long n8 = n0 + nv * 16;                        /* 8-wide remainder start */
+    long ns = n8 + ((n1 - n8) / 8) * 8;            /* scalar tail start */
+    for (long m = 0; m < M; m++) memset(y + m * ldy + n0, 0, (n1 - n0) * sizeof(float));
+    long k = 0;
+    for (; k + 4 <= K; k += 4) {
+        const uint16_t *w0 = w + k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
+        for (long m = 0; m < M; m++) {
+            const float *xm = x + m * ldx + k;
+            __m512 a0 = _mm512_set1_ps(xm[0]), a1 = _mm512_set1_ps(xm[1]);
+            __m512 a2 = _mm512_set1_ps(xm[2]), a3 = _mm512_set1_ps(xm[3]);
+            float *ym = y + m * ldy;
+            for (long j = 0; j < nv; j++) {
+                long n = n0 + 16 * j;
+                if (m == 0 && (j & 1) == 0 && k + PFD + 4 <= K) {
+                    _mm_prefetch((const char *)(w0 + PFD * ldw + n), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w1 + PFD * ldw + n), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w2 + PFD * ldw + n), _MM_HINT_T0);
+                    _mm_prefetch((const char *)(w3 + PFD * ldw + n), _MM_HINT_T0);
+                }
+                __m512 acc = _mm512_loadu_ps(ym + n);
+                acc = _mm512_fmadd_ps(a0, ld16x16(w0 + n, f16), acc);
+                acc = _mm512_fmadd_ps(a1, ld16x16(w1 + n, f16), acc);
+                acc = _mm512_fmadd_ps(a2, ld16x16(w2 + n, f16), acc);
+                acc = _mm512_fmadd_ps(a3, ld16x16(w3 + n, f16), acc);
+                _mm512_storeu_ps(ym + n, acc);
+            }
+            if (ns > n8) {
+                __m256 b0 = _mm256_broadcast_ss(xm), b1 = _mm256_broadcast_ss(xm + 1);
+                __m256 b2 = _mm256_broadcast_ss(xm + 2), b3 = _mm256_broadcast_ss(xm + 3);
+                __m256 acc = _mm256_loadu_ps(ym + n8);
+                acc = _mm256_fmadd_ps(b0, ld16(w0 + n8, f16), acc);
+                acc = _mm256_fmadd_ps(b1, ld16(w1 + n8, f16), acc);
+                acc = _mm256_fmadd_ps(b2, ld16(w2 + n8, f16), acc);
+                acc = _mm256_fmadd_ps(b3, ld16(w3 + n8, f16), acc);
+                _mm256_storeu_ps(ym + n8, acc);
+            }
+            for (long n = ns; n < n1; n++) {
+                float acc = ym[n];
+                acc = __builtin_fmaf(xm[0], sc16(w0[n], f16), acc);
+                acc = __builtin_fmaf(xm[1], sc16(w1[n], f16), acc);
+                acc = __builtin_fmaf(xm[2], sc16(w2[n], f16), acc);
+                acc = __builtin_fmaf(xm[3], sc16(w3[n], f16), acc);
+                ym[n] = acc;
+            }
+        }
+    }
+    for (; k < K; k++) {
+        const uint16_t *w0 = w + k * ldw;
+        for (long m = 0; m < M; m++) {
+            const float *xm = x + m * ldx + k;
+            __m512 a0 = _mm512_set1_ps(xm[0]);
+            float *ym = y + m * ldy;
+            for (long j = 0; j < nv; j++) {
+                long n = n0 + 16 * j;
+                _mm512_storeu_ps(ym + n, _mm512_fmadd_ps(a0, ld16x16(w0 + n, f16), _mm512_loadu_ps(ym + n)));
+            }
+            if (ns > n8)
+                _mm256_storeu_ps(ym + n8, _mm256_fmadd_ps(_mm256_broadcast_ss(xm), ld16(w0 + n8, f16),
+                                                          _mm256_loadu_ps(ym + n8)));
+            for (long n = ns; n < n1; n++) ym[n] = __builtin_fmaf(xm[0], sc16(w0[n], f16), ym[n]);
+        }
+    }
+}
+
+/* Many rows: 32-column panels, MR x 32 register tiles (MR = 2, 4, 8 or 12;
+ * 24 accumulators at most, of the 32 zmm registers). */
+#define NB5 32
+#define MRMAX5 12
+#define ROWPTR5(i) const float *x##i = x + (mr > i ? i : mr - 1) * ldx
+#define FMA_ROW5(i)                                                                 \
+    if (MR > i) {                                                                   \
+        __m512 a = _mm512_set1_ps(x##i[k]);                                         \
+        c##i##0 = _mm512_fmadd_ps(a, b0, c##i##0);                                  \
+        c##i##1 = _mm512_fmadd_ps(a, b1, c##i##1);                                  \
+    }
+#define STORE_ROW5(i)                                                               \
+    if (MR > i) {                                                                   \
+        _mm512_storeu_ps(tmp[i], c##i##0);                                          \
+        _mm512_storeu_ps(tmp[i] + 16, c##i##1);                                     \
+    }
+#define ADD_ROW5(i)                                                                 \
+    if (MR > i) {                                                                   \
+        c##i##0 = _mm512_add_ps(_mm512_loadu_ps(tmp[i]), c##i##0);                  \
+        c##i##1 = _mm512_add_ps(_mm512_loadu_ps(tmp[i] + 16), c##i##1);             \
+    }
+#define ALL5(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define ZERO5(i) __m512 c##i##0 = _mm512_setzero_ps(), c##i##1 = c##i##0;
+#define REZERO5(i) c##i##0 = _mm512_setzero_ps(); c##i##1 = c##i##0;
+#define ROWPTRS5(i) ROWPTR5(i);
+static inline __attribute__((always_inline)) void micro512(
+    int MR, int mr, const float *x, long ldx, const float *pw, long K0, long K, float *y, long ldy,
+    int ncols)
+{
+    ALL5(ROWPTRS5)
+    ALL5(ZERO5)
+    float tmp[MRMAX5][NB5];
+    for (long k = 0; k < K0; k++) {
+        __m512 b0 = _mm512_loadu_ps(pw + k * NB5), b1 = _mm512_loadu_ps(pw + k * NB5 + 16);
+        ALL5(FMA_ROW5)
+    }
+    if (K0 < K) {
+        ALL5(STORE_ROW5)
+        ALL5(REZERO5)
+        for (long k = K0; k < K; k++) {
+            __m512 b0 = _mm512_loadu_ps(pw + k * NB5), b1 = _mm512_loadu_ps(pw + k * NB5 + 16);
+            ALL5(FMA_ROW5)
+        }
+        ALL5(ADD_ROW5)
+    }
+    ALL5(STORE_ROW5)
+    for (int m = 0; m < mr; m++) memcpy(y + m * ldy, tmp[m], ncols * sizeof(float));
+}
+
+static inline int tile_rows512(long left) { return left < MRMAX5 ? (int)left : MRMAX5; }
+
+static void micro512_any(int mr, const float *x, long ldx, const float *pw, long K0, long K, float *y, long ldy, int ncols) {
+    if (mr > 8) micro512(12, mr, x, ldx, pw, K0, K, y, ldy, ncols);
+    else if (mr > 4) micro512(8, mr, x, ldx, pw, K0, K, y, ldy, ncols);
+    else if (mr > 2) micro512(4, mr, x, ldx, pw, K0, K, y, ldy, ncols);
+    else micro512(2, mr, x, ldx, pw, K0, K, y, ldy, ncols);
+}
+
+static void pack512(const uint16_t *w, long ldw, long K, int ncols, float *pw, int f16) {
+    for (long k = 0; k < K; k++) {
+        const uint16_t *r = w + k * ldw;
+        float *d = pw + k * NB5;
+        if (ncols == NB5) {
+            _mm512_storeu_ps(d, ld16x16(r, f16)); _mm512_storeu_ps(d + 16, ld16x16(r + 16, f16));
+        } else {
+            for (int n = 0; n < NB5; n++) d[n] = n < ncols ? sc16(r[n], f16) : 0.f;
+        }
+    }
+}
+#define FEW_ROWS few_rows_512
+#define PANEL_COLS NB5
+#define PACK pack512
+#define TILE_ROWS tile_rows512
+#define MICRO_ANY micro512_any
+#define GEMM_ISA 512
+#else
+#define FEW_ROWS few_rows
+#define PANEL_COLS NB
+#define PACK pack
+#define TILE_ROWS tile_rows
+#define MICRO_ANY micro_any
+#define GEMM_ISA 256
+#endif
+
+/* Vector width in bits of this build (256: AVX2, 512: AVX-512). */
+int spyre_gemm_isa(void) { return GEMM_ISA; }
+
 #define FEW_ROWS_MAX 4
 
 /* Part i of g of the columns [0, N), in whole 8-column vectors. */
@@ -203,8 +376,8 @@ static inline void col_range(long N, long i, long g, long *n0, long *n1) {
 
 #define FEW(xp, kk, wp, yp, ldyp, a, b)                                              \
     do {                                                                            \
-        if (f16) few_rows(xp, M, kk, ldx, wp, ldw, yp, ldyp, a, b, 1);                \
-        else few_rows(xp, M, kk, ldx, wp, ldw, yp, ldyp, a, b, 0);                    \
+        if (f16) FEW_ROWS(xp, M, kk, ldx, wp, ldw, yp, ldyp, a, b, 1);                \
+        else FEW_ROWS(xp, M, kk, ldx, wp, ldw, yp, ldyp, a, b, 0);                    \
     } while (0)
 
 /* Returns 0, or 1 when a thread could not allocate its panel (y is then
@@ -251,10 +424,10 @@ int spyre_gemm_w16(const float *x, long M, long K, long ldx, const uint16_t *w, 
         }
         return 0;
     }
-    long nblocks = (N + NB - 1) / NB;
+    long nblocks = (N + PANEL_COLS - 1) / PANEL_COLS;
     #pragma omp parallel num_threads(nthreads)
     {
-        float *pw = aligned_alloc(64, ((K * NB * sizeof(float)) + 63) / 64 * 64);
+        float *pw = aligned_alloc(64, ((K * PANEL_COLS * sizeof(float)) + 63) / 64 * 64);
         if (!pw) {
             #pragma omp atomic write
             failed = 1;
@@ -262,12 +435,12 @@ int spyre_gemm_w16(const float *x, long M, long K, long ldx, const uint16_t *w, 
         #pragma omp for schedule(static)
         for (long b = 0; b < nblocks; b++) {
             if (!pw) continue;
-            long n0 = b * NB;
-            int ncols = (int)(N - n0 < NB ? N - n0 : NB);
-            pack(w + n0, ldw, K, ncols, pw, f16);
+            long n0 = b * PANEL_COLS;
+            int ncols = (int)(N - n0 < PANEL_COLS ? N - n0 : PANEL_COLS);
+            PACK(w + n0, ldw, K, ncols, pw, f16);
             for (long m0 = 0; m0 < M;) {
-                int mr = tile_rows(M - m0);
-                micro_any(mr, x + m0 * ldx, ldx, pw, K0, K, y + m0 * ldy + n0, ldy, ncols);
+                int mr = TILE_ROWS(M - m0);
+                MICRO_ANY(mr, x + m0 * ldx, ldx, pw, K0, K, y + m0 * ldy + n0, ldy, ncols);
                 m0 += mr;
             }
         }
