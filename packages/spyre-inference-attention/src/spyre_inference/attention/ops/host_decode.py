@@ -96,8 +96,15 @@ def _library_or_error() -> ctypes.CDLL | str:
         ctypes.c_void_p,  # out
         ctypes.c_int,  # threads
     ]
+    lib.spyre_isa = isa
     logger.info("cpu target: decode-attention kernel, %s build, loaded from %s", isa, lib._name)
     return lib
+
+
+def kernel_isa() -> str | None:
+    """The instruction set of the loaded kernel build, or None when it is unavailable."""
+    lib = _library_or_error()
+    return None if isinstance(lib, str) else lib.spyre_isa
 
 
 def unavailable_reason(
