@@ -187,10 +187,16 @@ def _paths(system: str) -> dict[str, str]:
     cpu = torch.backends.cpu.get_cpu_capability()
     amx = getattr(torch._C._cpu, "_is_amx_tile_supported", lambda: False)()
     if system != "plugin":
+        try:  # vLLM 0.32's CPU attention picks its kernel per ISA here
+            from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+            attn = f"vLLM CPU attention, `{_get_attn_isa(torch.bfloat16, 128, 64)}` kernels"
+        except Exception as exc:  # another vLLM: say so rather than guess
+            attn = f"vLLM CPU attention (ISA not read: {type(exc).__name__})"
         return {
-            "GEMM": f"vLLM CPU ops / oneDNN (ATen dispatch {cpu}, AMX tiles "
-            f"{'available' if amx else 'absent'})",
-            "attention": "vLLM's CPU attention kernels",
+            "GEMM": "vLLM's oneDNN `onednn_mm`, weights prepacked at load "
+            f"(ATen dispatch {cpu}, AMX tiles {'available' if amx else 'absent'})",
+            "attention": attn,
         }
     from spyre_inference.attention.ops import host_decode
     from spyre_inference.ops import host_gemm
