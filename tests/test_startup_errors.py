@@ -123,6 +123,7 @@ INVALID_SETTING_VALUES = {
     "SPYRE_ATTN_MAX_CORES": "-4",
     "SPYRE_CPU_GEMM_DTYPE": "bfloat16",
     "SPYRE_CPU_GEMM_KERNEL": "avx512",
+    "SPYRE_CPU_ISA": "sse4",
     "SPYRE_CPU_ATTN_KERNEL": "avx2",
     "SPYRE_DEFAULT_MODEL_DIR": "{a_file}",
 }
@@ -191,3 +192,22 @@ def test_spyre_target_without_a_card_is_a_clear_error(tiny_llama, monkeypatch) -
     expected = r"SPYRE_DEVICE_TARGET=spyre but .*SPYRE_DEVICE_TARGET=cpu"
     with pytest.raises(RuntimeError, match=expected):
         device.target_choice()
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_forced_cpu_isa_is_used_or_refused_at_start_up(tiny_llama, monkeypatch, isa) -> None:
+    """SPYRE_CPU_ISA naming an instruction set this CPU runs is accepted; one it
+    lacks is refused in the user's process, naming the setting and the fix."""
+    from spyre_inference.platform import native_build
+
+    needed = {i.name: i.cpu_flags for i in native_build.ISAS}[isa]
+    monkeypatch.setenv("SPYRE_CPU_ISA", isa)
+    settings.reset_cache()
+    device.reset_for_tests()
+    if set(needed) <= native_build.cpu_flags():
+        assert _config(tiny_llama).model_config is not None
+        return
+    with pytest.raises(
+        ValueError, match=rf"SPYRE_CPU_ISA={isa}: the CPU lacks .*Unset SPYRE_CPU_ISA"
+    ):
+        _config(tiny_llama)

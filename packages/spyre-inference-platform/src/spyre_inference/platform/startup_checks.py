@@ -42,6 +42,25 @@ def check_head_size(vllm_config: VllmConfig) -> None:
         )
 
 
+def check_cpu_isa() -> None:
+    """A forced ``SPYRE_CPU_ISA`` this CPU cannot run is refused (cpu target).
+
+    Left to the kernels, it would only make them unavailable and the layers
+    fall back to slower paths with an info line in the engine's log.
+    """
+    from spyre_inference.platform import device, native_build
+
+    forced = settings.get("SPYRE_CPU_ISA")
+    if forced == "auto" or device.is_spyre():
+        return
+    try:
+        native_build.select_isa([isa.name for isa in native_build.ISAS])
+    except native_build.NativeKernelUnavailable as exc:
+        raise ConfigError(
+            f"{exc}. Unset SPYRE_CPU_ISA (auto picks the widest this CPU runs) or name one it has."
+        ) from exc
+
+
 def missing_packages(vllm_config: VllmConfig) -> list[str]:
     """What this configuration needs from sub-packages that vLLM will not load."""
     missing: list[str] = []
@@ -106,6 +125,7 @@ def run_package_checks(vllm_config: VllmConfig) -> None:
 
 __all__ = [
     "ConfigError",
+    "check_cpu_isa",
     "check_head_size",
     "check_packages",
     "missing_packages",

@@ -1,0 +1,98 @@
+"""Every cpu-target GEMM path, forced one at a time, through the engine: same tokens.
+
+The path a bfloat16 linear takes on the cpu target is chosen once at start-up
+from the CPU (``device.has_fast_16bit_gemm``, ``native_build.select_isa``):
+the host kernel's AVX2 or AVX-512 build, float32 weight copies with torch's
+GEMM, or torch's bfloat16 matmul where the CPU has the instructions. Each is
+forced here with its setting on the same tiny bfloat16 Llama and checked in the
+engine process (the layers' state, the loaded build). The two kernel builds run
+the same FMA chains, so their tokens are identical; every path is close to
+float32 Hugging Face transformers (divergence only at a reference near-tie).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("spyre_inference.platform.testing")
+
+from ops_engine_util import greedy
+
+from spyre_inference.platform.native_build import AVX512_CPU_FLAGS, cpu_flags
+from spyre_inference.platform.testing import (
+    TEST_PROMPTS,
+    assert_greedy_close,
+    hf_greedy_with_logprobs,
+)
+from spyre_inference.platform.testing.fixtures import tiny_model_factory  # noqa: F401
+
+MAX_TOKENS = 12
+PROMPTS = TEST_PROMPTS[:4]
+
+#: path -> (settings, expected layer state: "kernel-<isa>" | "copy" | "model")
+PATHS = {
+    "kernel-avx2": ({"SPYRE_CPU_GEMM_DTYPE": "float32", "SPYRE_CPU_ISA": "avx2"}, "kernel-avx2"),
+    "kernel-avx512": (
+        {"SPYRE_CPU_GEMM_DTYPE": "float32", "SPYRE_CPU_ISA": "avx512"},
+        "kernel-avx512",
+    ),
+    "float32-copies": (
+        {"SPYRE_CPU_GEMM_DTYPE": "float32", "SPYRE_CPU_GEMM_KERNEL": "torch"},
+        "copy",
+    ),
+    "torch-model-dtype": ({"SPYRE_CPU_GEMM_DTYPE": "model"}, "model"),
+}
+
+
+def _gemm_state(model) -> set[str]:
+    """The GEMM path of every transposed-weight layer of the loaded model."""
+    from spyre_inference.ops.host_gemm import kernel_isa
+    from spyre_inference.ops.transposed_weight import (
+        GEMM_WEIGHT_ATTR,
+        HOST_KERNEL_ATTR,
+        TRANSPOSED_FLAG,
+    )
+
+    states = set()
+    for module in model.modules():
+        if not getattr(module, TRANSPOSED_FLAG, False):
+            continue
+        if getattr(module, HOST_KERNEL_ATTR, False):
+            states.add(f"kernel-{kernel_isa()}")
+        elif getattr(module, GEMM_WEIGHT_ATTR, None) is not None:
+            states.add("copy")
+        else:
+            states.add("model")
+    return states
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_factory):  # noqa: F811
+    model = tiny_model_factory("llama")
+    return model, hf_greedy_with_logprobs(model, PROMPTS, MAX_TOKENS, "float32", num_logprobs=5)
+
+
+_tokens: dict[str, list[list[int]]] = {}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_forced_gemm_path_serves_close_to_hf(path, reference, make_llm, monkeypatch):
+    from spyre_inference.ops.host_gemm import kernel_unavailable_reason
+
+    settings, expected = PATHS[path]
+    if path == "kernel-avx512" and not set(AVX512_CPU_FLAGS) <= cpu_flags():
+        pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ")
+    if path.startswith("kernel") and kernel_unavailable_reason(torch.bfloat16):
+        pytest.skip("the host GEMM kernel cannot be built here")
+    for name, value in settings.items():
+        monkeypatch.setenv(name, value)
+    model, ref = reference
+    llm = make_llm(model, dtype="bfloat16", enforce_eager=True)
+    (state,) = llm.apply_model(_gemm_state)
+    assert state == {expected}
+    got = greedy(llm, PROMPTS, MAX_TOKENS)
+    assert_greedy_close(ref, got, max_logprob_gap=0.2, min_exact=2)
+    _tokens[path] = got
+    if path == "kernel-avx512" and "kernel-avx2" in _tokens:
+        assert got == _tokens["kernel-avx2"], "the two kernel builds gave different tokens"
