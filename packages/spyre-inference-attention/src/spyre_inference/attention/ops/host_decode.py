@@ -9,7 +9,7 @@ to read are ~100 KB per page. ``csrc/paged_decode.c`` instead reads each K|V
 row where it lies, through the block table, and computes in float32 what the
 graph computes (float32 scores, softmax and sum of float32-widened values): about
 10 us per layer at batch 1 and 0.3 ms at 32 sequences of ~160 keys, with the
-KV cache cold as in a real step (see ``benchmarks/sxs/analysis.md``).
+KV cache cold as in a real step (see ``benchmarks/sxs/analysis/amd-avx2.md``).
 
 It keeps the graph's interface (the same bucketed block table and additive
 mask the metadata builder makes for the card), so only the kernel differs
