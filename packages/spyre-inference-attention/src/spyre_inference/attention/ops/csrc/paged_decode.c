@@ -9,7 +9,7 @@
  * a vectorised exp, and P V with the output rows held in registers. A loop of
  * one key at a time with a scalar expf took 2.2 ms per layer at 32 sequences
  * of ~160 keys with the cache cold; this form takes 0.3-0.4 ms (measured in
- * benchmarks/sxs/analysis.md, run of 2026-12-03). It replaces, on the
+ * benchmarks/sxs/analysis/amd-avx2.md, run of 2026-12-03). It replaces, on the
  * cpu target only, the compiled batched-decode graph, which gathers whole
  * pages into a new tensor, widens them to float32 and runs PyTorch's flash
  * kernel: that costs 300-800 us per layer at one to four sequences on a 2-core
