@@ -211,3 +211,30 @@ def test_forced_cpu_isa_is_used_or_refused_at_start_up(tiny_llama, monkeypatch, 
         ValueError, match=rf"SPYRE_CPU_ISA={isa}: the CPU lacks .*Unset SPYRE_CPU_ISA"
     ):
         _config(tiny_llama)
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ({"enable_lora": True}, r"LoRA \(--enable-lora / enable_lora=True\) is not supported"),
+        (
+            {
+                "speculative_config": {
+                    "method": "ngram",
+                    "num_speculative_tokens": 3,
+                    "prompt_lookup_max": 3,
+                }
+            },
+            r"speculative decoding \(--speculative-config, method='ngram'\)",
+        ),
+        ({"quantization": "fp8"}, r"quantization='fp8' .*serve an unquantized"),
+        # Refused by vLLM's own check (the platform reports sleep mode unavailable).
+        ({"enable_sleep_mode": True}, r"Sleep mode is not supported on current platform"),
+    ],
+    ids=["lora", "ngram", "fp8", "sleep"],
+)
+def test_unsupported_engine_option_is_refused_at_start_up(tiny_llama, option, expected) -> None:
+    """Each fails in the user's process, naming the option and what to do (before
+    this, each died inside the engine process with an unrelated error)."""
+    with pytest.raises(ValueError, match=expected):
+        _config(tiny_llama, **option)

@@ -215,6 +215,7 @@ class TorchSpyrePlatform(Platform):
         # engine subprocess whose traceback only reaches the log.
         startup_checks.check_head_size(vllm_config)
         startup_checks.check_cpu_isa()
+        startup_checks.check_engine_options(vllm_config)
         startup_checks.check_packages(vllm_config)
         startup_checks.run_package_checks(vllm_config)
         if parallel.worker_cls == "auto":

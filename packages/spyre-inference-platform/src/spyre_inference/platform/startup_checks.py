@@ -61,6 +61,43 @@ def check_cpu_isa() -> None:
         ) from exc
 
 
+def check_engine_options(vllm_config: VllmConfig) -> None:
+    """Engine options no Spyre target serves yet are refused here, by name.
+
+    Left alone each fails later, inside the engine process, with an error that
+    does not name the option: LoRA in the runner (no punica wrapper), ngram
+    speculation on a missing ``numba`` import, a quantized checkpoint in vLLM's
+    kernel selection ("Failed to find a kernel ..."). (Sleep mode is refused by
+    vLLM itself: the platform reports it unavailable.)
+    """
+    problems: list[str] = []
+    if vllm_config.lora_config is not None:
+        problems.append(
+            "LoRA (--enable-lora / enable_lora=True) is not supported by spyre-inference "
+            "yet: serve the adapter merged into the base weights, and remove --enable-lora"
+        )
+    spec = vllm_config.speculative_config
+    if spec is not None:
+        problems.append(
+            f"speculative decoding (--speculative-config, method={spec.method!r}) is not "
+            "supported by spyre-inference yet; remove --speculative-config"
+        )
+    model_config = vllm_config.model_config
+    if model_config is not None and model_config.quantization is not None:
+        problems.append(
+            f"quantization={model_config.quantization!r} (--quantization, or the "
+            "checkpoint's quantization_config) is not supported by spyre-inference yet: "
+            "serve an unquantized bfloat16/float16/float32 checkpoint"
+        )
+    if len(problems) == 1:
+        raise ConfigError(problems[0] + ".")
+    if problems:
+        raise ConfigError(
+            "spyre-inference cannot serve these engine options:\n"
+            + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
 def missing_packages(vllm_config: VllmConfig) -> list[str]:
     """What this configuration needs from sub-packages that vLLM will not load."""
     missing: list[str] = []
@@ -126,6 +163,7 @@ def run_package_checks(vllm_config: VllmConfig) -> None:
 __all__ = [
     "ConfigError",
     "check_cpu_isa",
+    "check_engine_options",
     "check_head_size",
     "check_packages",
     "missing_packages",
