@@ -26,6 +26,7 @@ import torch
 
 from spyre_inference.platform import settings
 from spyre_inference.platform.logs import get_logger
+from spyre_inference.platform.native_build import cpu_flags
 
 logger = get_logger(__name__)
 
@@ -190,8 +191,6 @@ def has_fast_16bit_gemm(dtype: torch.dtype) -> bool:
     was 3-4x slower than the plugin's host kernel. Elsewhere (aarch64) oneDNN's
     own check is used.
     """
-    from spyre_inference.platform.native_build import cpu_flags
-
     flags = cpu_flags()
     if "avx2" in flags or "avx512f" in flags:
         return any(f in flags for f in FAST_GEMM_FLAGS[dtype])

@@ -169,8 +169,9 @@ def select_isa(supported: Sequence[str]) -> Isa:
         if not _missing(isa):
             return isa
     if not candidates:
+        cap = "" if forced == "auto" else f" up to SPYRE_CPU_ISA={forced}"
         raise NativeKernelUnavailable(
-            f"SPYRE_CPU_ISA={forced}: this kernel has builds for {', '.join(supported)} only"
+            f"this kernel has no build{cap} (it has {', '.join(supported)})"
         )
     raise NativeKernelUnavailable(f"the CPU lacks {', '.join(_missing(candidates[-1]))}")
 

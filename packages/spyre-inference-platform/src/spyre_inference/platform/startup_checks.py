@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from spyre_inference.platform import discovery, settings, stick_pad
+from spyre_inference.platform import device, discovery, native_build, settings, stick_pad
 from spyre_inference.platform.device import STICK_ELEMS
 
 if TYPE_CHECKING:
@@ -48,8 +48,6 @@ def check_cpu_isa() -> None:
     Left to the kernels, it would only make them unavailable and the layers
     fall back to slower paths with an info line in the engine's log.
     """
-    from spyre_inference.platform import device, native_build
-
     forced = settings.get("SPYRE_CPU_ISA")
     if forced == "auto" or device.is_spyre():
         return
