@@ -3,7 +3,8 @@
 The path a bfloat16 linear takes on the cpu target is chosen once at start-up
 from the CPU (``device.has_fast_16bit_gemm``, ``native_build.select_isa``):
 the host kernel's AVX2 or AVX-512 build, float32 weight copies with torch's
-GEMM, or torch's bfloat16 matmul where the CPU has the instructions. Each is
+GEMM, or, where the CPU has the instructions, oneDNN on weights prepacked at
+load (``SPYRE_CPU_GEMM_PACK``) or torch's bfloat16 matmul. Each is
 forced here with its setting on the same tiny bfloat16 Llama and checked in the
 engine process (the layers' state, the loaded build). The two kernel builds run
 the same FMA chains, so their tokens are identical; every path is close to
@@ -41,7 +42,8 @@ PATHS = {
         {"SPYRE_CPU_GEMM_DTYPE": "float32", "SPYRE_CPU_GEMM_KERNEL": "torch"},
         "copy",
     ),
-    "torch-model-dtype": ({"SPYRE_CPU_GEMM_DTYPE": "model"}, "model"),
+    "onednn-packed": ({"SPYRE_CPU_GEMM_DTYPE": "model", "SPYRE_CPU_GEMM_PACK": "auto"}, "packed"),
+    "torch-model-dtype": ({"SPYRE_CPU_GEMM_DTYPE": "model", "SPYRE_CPU_GEMM_PACK": "off"}, "model"),
 }
 
 
@@ -51,6 +53,7 @@ def _gemm_state(model) -> set[str]:
     from spyre_inference.ops.transposed_weight import (
         GEMM_WEIGHT_ATTR,
         HOST_KERNEL_ATTR,
+        PACKED_ATTR,
         TRANSPOSED_FLAG,
     )
 
@@ -58,7 +61,9 @@ def _gemm_state(model) -> set[str]:
     for module in model.modules():
         if not getattr(module, TRANSPOSED_FLAG, False):
             continue
-        if getattr(module, HOST_KERNEL_ATTR, False):
+        if getattr(module, PACKED_ATTR, False):
+            states.add("packed")
+        elif getattr(module, HOST_KERNEL_ATTR, False):
             states.add(f"kernel-{kernel_isa()}")
         elif getattr(module, GEMM_WEIGHT_ATTR, None) is not None:
             states.add("copy")
@@ -85,6 +90,8 @@ def test_forced_gemm_path_serves_close_to_hf(path, reference, make_llm, monkeypa
         pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ")
     if path.startswith("kernel") and kernel_unavailable_reason(torch.bfloat16):
         pytest.skip("the host GEMM kernel cannot be built here")
+    if path == "onednn-packed" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("oneDNN has no bfloat16 matmul on this CPU")
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     model, ref = reference

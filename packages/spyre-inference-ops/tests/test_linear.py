@@ -244,3 +244,41 @@ def test_cpu_gemm_dtype(vllm_env, monkeypatch, mode, kernel):
         monkeypatch.delenv("SPYRE_CPU_GEMM_DTYPE")
         monkeypatch.delenv("SPYRE_CPU_GEMM_KERNEL")
         dev.reset_for_tests()
+
+
+@pytest.mark.parametrize("pack", ["auto", "off"])
+def test_cpu_gemm_pack(vllm_env, monkeypatch, pack):
+    """Where matmuls keep the model dtype, SPYRE_CPU_GEMM_PACK=auto runs a bfloat16
+    layer through oneDNN on a copy of its [in, out] weight prepacked at load (=off:
+    torch's matmul on the weight itself). The product is the float32-accumulated
+    one rounded to bfloat16 either way, and a weight rewritten in place (a reload
+    in kernel format) reaches the packed copy through refresh_after_weight_update."""
+    from spyre_inference.ops import onednn_linear
+    from spyre_inference.ops.transposed_weight import PACKED_ATTR
+    from spyre_inference.platform import device as dev
+
+    if pack == "auto" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("oneDNN has no bfloat16 matmul on this CPU")
+    monkeypatch.setenv("SPYRE_CPU_GEMM_DTYPE", "model")
+    monkeypatch.setenv("SPYRE_CPU_GEMM_PACK", pack)
+    dev.reset_for_tests()
+    try:
+        ckpt = _checkpoint("qkv", bias=True)
+        layer = _build(ckpt, torch.bfloat16)
+        assert getattr(layer, PACKED_ATTR) is (pack == "auto")
+        assert onednn_linear.is_packed(layer.weight) is (pack == "auto")
+        x = torch.randn(5, ckpt["in"], generator=torch.Generator().manual_seed(3)).bfloat16()
+
+        def reference() -> torch.Tensor:
+            return (x.double() @ layer.weight.double() + layer.bias.double()).bfloat16()
+
+        # float32 sums in another order than float64: a bfloat16 rounding apart.
+        out, _ = layer(x)
+        torch.testing.assert_close(out, reference(), rtol=8e-3, atol=1e-2)
+        with torch.no_grad():
+            layer.weight.mul_(-0.5)
+        layer.quant_method.refresh_after_weight_update(layer)
+        out, _ = layer(x)
+        torch.testing.assert_close(out, reference(), rtol=8e-3, atol=1e-2)
+    finally:
+        dev.reset_for_tests()

@@ -13,28 +13,50 @@ whether its output columns are padded to a row multiple first (``ROW_ALIGN``);
 ``apply`` then drops the pad columns with a slice. The linear layers use the
 defaults (in place, no padding); the LM head pads the vocabulary to 64x32.
 
-On the cpu target, when the host CPU has no fast GEMM for the model dtype
+On the cpu target, when the host CPU has a fast GEMM for the model dtype, the
+product runs through oneDNN on a copy of the ``[in, out]`` matrix prepacked at
+load (:mod:`spyre_inference.ops.onednn_linear`, ``PACKED_ATTR``;
+``SPYRE_CPU_GEMM_PACK``). When it has none
 (:func:`spyre_inference.platform.device.host_gemm_dtype` says float32), the
 matmul computes in float32 over the 16-bit ``[in, out]`` weight: through the
 plugin's own kernel (:mod:`spyre_inference.ops.host_gemm`, ``HOST_KERNEL_ATTR``)
 where it runs, else on a float32 copy of the same matrix (``GEMM_WEIGHT_ATTR``,
-a non-persistent buffer: not in the state dict) with torch's GEMM.
+a plain attribute: not in the state dict) with torch's GEMM.
+
+**Weight reload.** vLLM's layerwise reload (``reload_weights``, RL weight sync)
+puts the checkpoint-layout ``weight`` back on the layer, loads into it, calls
+``process_weights_after_loading`` again and copies the result into the tensors
+the layer had. The method therefore decides what to do from the tensors, not
+from a flag: it remembers (weakly) the matrix it made, and a call that finds
+that very matrix is a refresh, any other a fresh transpose. Two derived copies
+are invisible to that reload and are refreshed by
+:meth:`SpyreTransposedWeightMethod.refresh_after_weight_update` (the runner
+calls it after every reload): a tied LM head's transposed matrix (the reload
+writes the shared embedding weight only) and the float32 copy.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
 from torch.nn import Parameter
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
+from spyre_inference.ops import onednn_linear
 from spyre_inference.ops.host_gemm import host_gemm_w16, kernel_unavailable_reason
 from spyre_inference.platform.device import host_gemm_dtype, round_up
 
-#: Attribute recording that a layer's weight is already stored transposed, so a
-#: second ``process_weights_after_loading`` (weight reload) does not transpose
-#: it back.
+#: Attribute recording that a layer's weight is stored transposed (read by
+#: ``apply``; the post-load step decides by :data:`PROCESSED_ATTR`).
 TRANSPOSED_FLAG = "_spyre_weight_transposed"
+#: Weak reference to the ``[in, out]`` matrix the post-load step made.
+PROCESSED_ATTR = "_spyre_processed_weight_t"
+#: Weak reference to the loaded ``[out, in]`` weight: alive after load only
+#: while another module holds it (a tied input embedding), whose reloads then
+#: have to reach the transposed copy.
+SOURCE_ATTR = "_spyre_weight_source"
 #: The layer's true number of output features (before row padding).
 OUT_FEATURES_ATTR = "_spyre_out_features"
 #: cpu target without a fast model-dtype GEMM: the ``[in, out]`` matrix in the
@@ -43,6 +65,9 @@ GEMM_WEIGHT_ATTR = "_spyre_gemm_weight_t"
 #: cpu target without a fast model-dtype GEMM: True when the float32 product
 #: runs through the host kernel on the 16-bit matrix itself (no copy).
 HOST_KERNEL_ATTR = "_spyre_host_kernel"
+#: cpu target with a fast model-dtype GEMM: True when the product runs through
+#: oneDNN on a prepacked copy of the matrix (:mod:`~spyre_inference.ops.onednn_linear`).
+PACKED_ATTR = "_spyre_onednn_packed"
 
 
 def spyre_linear_t(
@@ -53,6 +78,7 @@ def spyre_linear_t(
     gemm_weight_t: torch.Tensor | None = None,
     keep_gemm_dtype: bool = False,
     host_kernel: bool = False,
+    packed: bool = False,
 ) -> torch.Tensor:
     """``x @ weight_t (+ bias)`` with ``weight_t`` stored ``[in, out_padded]``.
 
@@ -62,9 +88,12 @@ def spyre_linear_t(
     GEMM's dtype: the product is computed there and returned in ``x``'s dtype,
     or left in the GEMM's dtype with ``keep_gemm_dtype``. ``host_kernel``
     (cpu target) computes the same float32 product with the host kernel on
-    ``weight_t`` itself.
+    ``weight_t`` itself; ``packed`` (cpu target) the model-dtype product through
+    oneDNN on the matrix's prepacked copy.
     """
-    if host_kernel:
+    if packed:
+        out = onednn_linear.onednn_linear_t(x, weight_t)
+    elif host_kernel:
         # The widening cast is outside the op so Inductor fuses it into the
         # kernel that produces x (norm, activation).
         out = host_gemm_w16(x.to(torch.float32), weight_t)
@@ -103,20 +132,18 @@ class SpyreTransposedWeightMethod:
     KEEP_GEMM_DTYPE: bool = False
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-        if getattr(layer, TRANSPOSED_FLAG, False):
-            # A weight reload wrote new values into the transposed matrix.
-            gemm = getattr(layer, GEMM_WEIGHT_ATTR, None)
-            if gemm is not None:
-                gemm.copy_(getattr(layer, self.WEIGHT_T_ATTR))
+        current = getattr(layer, self.WEIGHT_T_ATTR, None)
+        made = getattr(layer, PROCESSED_ATTR, None)
+        if current is not None and made is not None and made() is current:
+            # Called again on the matrix this method made (its values may have
+            # been rewritten in place): only the derived copies change.
+            self.refresh_after_weight_update(layer)
             return
+        # A freshly loaded [out, in] weight: the first load, or vLLM's
+        # layerwise reload, which restores the checkpoint layout first.
         weight = layer.weight
         out_features, _ = weight.shape
-        padded = round_up(out_features, self.ROW_ALIGN)
-        data = weight.data
-        if padded != out_features:
-            # Zero rows: the extra logits/outputs are sliced off in apply.
-            data = F.pad(data, (0, 0, 0, padded - out_features))
-        weight_t = Parameter(data.t().contiguous(), requires_grad=False)
+        weight_t = Parameter(self._transposed(weight.data), requires_grad=False)
         # Drop the loaded [out, in] parameter (its vLLM loader attributes
         # describe that layout). A tied embedding holds its own reference to
         # it, so only this module lets go of it.
@@ -124,13 +151,59 @@ class SpyreTransposedWeightMethod:
         layer.register_parameter(self.WEIGHT_T_ATTR, weight_t)
         setattr(layer, OUT_FEATURES_ATTR, out_features)
         setattr(layer, TRANSPOSED_FLAG, True)
+        setattr(layer, PROCESSED_ATTR, weakref.ref(weight_t))
+        setattr(layer, SOURCE_ATTR, weakref.ref(weight))
         gemm_dtype = host_gemm_dtype(weight_t.dtype)
+        setattr(layer, HOST_KERNEL_ATTR, False)
+        setattr(layer, GEMM_WEIGHT_ATTR, None)
+        setattr(layer, PACKED_ATTR, False)
         if gemm_dtype is None:
+            if (
+                weight_t.device.type == "cpu"
+                and onednn_linear.unavailable_reason(weight_t.dtype) is None
+            ):
+                onednn_linear.pack(weight_t)
+                setattr(layer, PACKED_ATTR, True)
             return
         if gemm_dtype == torch.float32 and kernel_unavailable_reason(weight_t.dtype) is None:
             setattr(layer, HOST_KERNEL_ATTR, True)
         else:
-            layer.register_buffer(GEMM_WEIGHT_ATTR, weight_t.data.to(gemm_dtype), persistent=False)
+            # A plain attribute, not a buffer: not in the state dict, and not
+            # a tensor vLLM's reload would restore from its old snapshot.
+            setattr(layer, GEMM_WEIGHT_ATTR, weight_t.data.to(gemm_dtype))
+
+    def _transposed(self, weight: torch.Tensor) -> torch.Tensor:
+        """``[out, in]`` -> contiguous ``[in, out_padded]`` (zero pad rows)."""
+        out_features = weight.shape[0]
+        padded = round_up(out_features, self.ROW_ALIGN)
+        if padded != out_features:
+            # Zero rows: the extra logits/outputs are sliced off in apply.
+            weight = F.pad(weight, (0, 0, 0, padded - out_features))
+        return weight.t().contiguous()
+
+    @torch.no_grad()
+    def refresh_after_weight_update(self, layer: torch.nn.Module) -> None:
+        """Bring the copies derived from the weight up to date, in place.
+
+        After a reload the transposed matrix of a tied head is stale (the
+        reload wrote the shared embedding weight) and so is the float32 copy
+        of any layer. Safe to call on a layer whose weights did not change.
+        """
+        if not getattr(layer, TRANSPOSED_FLAG, False):
+            return
+        weight_t = getattr(layer, self.WEIGHT_T_ATTR)
+        # vLLM's reload copies the new matrix into the layer's old one and puts
+        # that back: it is the one this method now stands behind.
+        setattr(layer, PROCESSED_ATTR, weakref.ref(weight_t))
+        source_ref = getattr(layer, SOURCE_ATTR, None)
+        source = source_ref() if source_ref is not None else None
+        if source is not None:
+            weight_t.data.copy_(self._transposed(source.data.to(weight_t.device)))
+        gemm = getattr(layer, GEMM_WEIGHT_ATTR, None)
+        if gemm is not None:
+            gemm.copy_(weight_t.data)
+        if getattr(layer, PACKED_ATTR, False):
+            onednn_linear.pack(weight_t)
 
     def apply(
         self,
@@ -151,6 +224,7 @@ class SpyreTransposedWeightMethod:
             getattr(layer, GEMM_WEIGHT_ATTR, None),
             self.KEEP_GEMM_DTYPE,
             getattr(layer, HOST_KERNEL_ATTR, False),
+            getattr(layer, PACKED_ATTR, False),
         )
 
 

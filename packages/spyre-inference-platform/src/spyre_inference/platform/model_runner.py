@@ -79,6 +79,19 @@ class TorchSpyreModelRunner(GPUModelRunner):
             self.compile_granularity = self.compile_report.granularity
         logger.info("Model loaded in %.1f s", time.perf_counter() - start)
 
+    def reload_weights(self, *args: Any, **kwargs: Any) -> None:
+        """vLLM's in-place reload, then every layer's derived weight copies.
+
+        vLLM restores each layer's checkpoint layout, loads into it and re-runs
+        the layer's post-load step, which covers the transposed weights. Copies
+        a layer derives from a tensor it does not own (a tied LM head's
+        transposed embedding) or keeps outside its parameters (the cpu
+        target's float32 copies) are out of that reload's reach: each layer
+        method that has such copies refreshes them here.
+        """
+        super().reload_weights(*args, **kwargs)
+        refresh_derived_weights(self.get_model())
+
     def _model_forward(
         self,
         input_ids: torch.Tensor | None = None,
@@ -239,3 +252,16 @@ def _move_to_device(model: nn.Module) -> None:
             if keep_on_host and "scale" in name:
                 continue
             module._buffers[name] = buf.to(target)
+
+
+def refresh_derived_weights(model: torch.nn.Module) -> None:
+    """Call ``refresh_after_weight_update(layer)`` of every layer method that has one.
+
+    A duck-typed hook (the layer methods live in packages that depend on this
+    one): see ``spyre_inference.ops.SpyreTransposedWeightMethod``.
+    """
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        refresh = getattr(method, "refresh_after_weight_update", None)
+        if refresh is not None:
+            refresh(module)

@@ -168,6 +168,16 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("auto", "torch"),
     ),
     Setting(
+        "SPYRE_CPU_GEMM_PACK",
+        "auto",
+        "cpu target, where matmuls with bfloat16/float16 weights keep the model dtype (see "
+        "SPYRE_CPU_GEMM_DTYPE): `auto` gives every transposed linear weight a copy prepacked "
+        "for oneDNN at load and runs the layers through it (what vLLM's CPU backend does; "
+        "1.5-2x faster GEMMs, one more copy of the weights in host memory); `off` runs "
+        "torch's matmul on the `[in, out]` weight alone.",
+        choices=("auto", "off"),
+    ),
+    Setting(
         "SPYRE_CPU_ISA",
         "auto",
         "cpu target: the instruction set the plugin's host kernels are built for. `auto` "
