@@ -7,8 +7,8 @@ view code, ``CommonAttentionMetadata`` through the backend's builder) and
 times, over ``--iters`` steps after warm-up:
 
 * ``build``: the metadata builder, once per step (shared by every layer);
-* ``layer``: one layer's KV store plus attention (``do_kv_cache_update`` and
-  ``forward``), the part that repeats per layer.
+* ``layer``: one layer's ``forward`` (KV store plus attention), the part that
+  repeats per layer.
 
 ``per step`` is ``build + layers * layer`` for a ``--layers``-deep model
 (default 30, SmolLM2-135M's depth). Kernel modes: ``compiled`` (an Inductor
@@ -151,7 +151,6 @@ def measure(args, backend, vllm_config, batch: int, context: int) -> tuple[float
     out = torch.empty_like(q)
 
     def layer(md) -> None:
-        impl.do_kv_cache_update(None, k, v, kv_cache, md.slot_mapping)
         impl.forward(None, q, k, v, kv_cache, md, output=out)
 
     with torch.inference_mode():

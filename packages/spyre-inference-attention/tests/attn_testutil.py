@@ -3,8 +3,8 @@
 Every case is driven the way vLLM's runner drives a backend: a cache allocated
 by vLLM's own ``create_kv_cache_views`` in the layout the backend declares,
 context tokens already in (randomly placed) pages, a ``CommonAttentionMetadata``
-turned into metadata by the backend's builder, then ``do_kv_cache_update`` and
-``forward`` on the impl. The reference is dense
+turned into metadata by the backend's builder, then ``forward`` on the impl
+(which stores the step's K/V first, as vLLM drives it). The reference is dense
 ``torch.nn.functional.scaled_dot_product_attention`` in float64 over each
 sequence's ground-truth K/V with the causal offset of its cached context (an
 explicit softmax only where SDPA has no knob: logits soft-cap, ALiBi).
@@ -189,7 +189,7 @@ def run_backend(backend, vllm_config, step: Step, impl=None) -> torch.Tensor:
     builder = backend.get_builder_cls()(step.spec, ["layer.0"], vllm_config, torch.device("cpu"))
     metadata = builder.build(common_prefix_len=0, common_attn_metadata=step.common)
     impl = impl or make_impl(backend, vllm_config, step.case)
-    impl.do_kv_cache_update(None, step.key, step.value, step.kv_cache, metadata.slot_mapping)
+    # forward stores the step's K/V first (forward_includes_kv_cache_update).
     output = torch.full_like(step.query, float("nan"))
     return impl.forward(
         None, step.query, step.key, step.value, step.kv_cache, metadata, output=output

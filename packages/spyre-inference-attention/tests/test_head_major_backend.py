@@ -41,7 +41,7 @@ BACKEND = SpyreHeadMajorAttentionBackend
 def test_declarations_and_entry_point():
     assert AttentionBackendEnum[BACKEND.get_name()] is AttentionBackendEnum.CUSTOM
     assert BACKEND.supported_kv_cache_layouts() == (KVCacheLayout.LBHNC,)
-    assert BACKEND.forward_includes_kv_cache_update is False
+    assert BACKEND.forward_includes_kv_cache_update is True
     assert BACKEND.get_impl_cls() is SpyreHeadMajorAttentionImpl
     assert BACKEND.get_builder_cls() is SpyreHeadMajorMetadataBuilder
     qualname = discovery.resolve_qualname(
@@ -190,7 +190,6 @@ def test_decode_steps_accumulate_in_cache(vllm_config):
             slot_mapping=torch.tensor([slot], dtype=torch.int64),
         )
         metadata = builder.build(0, common)
-        impl.do_kv_cache_update(None, k_new, v_new, step.kv_cache, metadata.slot_mapping)
         out = impl.forward(None, q, k_new, v_new, step.kv_cache, metadata, torch.empty_like(q))
         ref = F.scaled_dot_product_attention(
             q.transpose(0, 1).double(),

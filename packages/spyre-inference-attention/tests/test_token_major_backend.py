@@ -107,7 +107,6 @@ def test_decode_steps_accumulate_in_cache(vllm_config):
             slot_mapping=torch.tensor([slot], dtype=torch.int64),
         )
         metadata = builder.build(0, common)
-        impl.do_kv_cache_update(None, k_new, v_new, step.kv_cache, metadata.slot_mapping)
         out = impl.forward(
             None, q, k_new, v_new, step.kv_cache, metadata, output=torch.empty_like(q)
         )
@@ -212,7 +211,7 @@ def test_slot_major_view_is_a_view_of_vllm_allocation():
 def test_backend_declarations():
     backend = SpyreAttentionBackend
     assert AttentionBackendEnum[backend.get_name()] is AttentionBackendEnum.CUSTOM
-    assert backend.forward_includes_kv_cache_update is False
+    assert backend.forward_includes_kv_cache_update is True
     assert backend.supported_kv_cache_layouts() == (KVCacheLayout.LBNHC,)
     assert backend.supports_block_size(64) and backend.supports_block_size(128)
     assert not backend.supports_block_size(16)

@@ -15,7 +15,10 @@ The KV cache of a layer is one dense tensor whose pages are token-major,
    batched-decode kernel is on (``SPYRE_BATCHED_DECODE``, the default).
 2. **KV write (device).** :meth:`SpyreAttentionImpl.do_kv_cache_update`
    scatters the new tokens' K|V through the slot-major view with one
-   ``index_copy_``; only the slot-index vector is computed on the host.
+   ``index_copy_``; only the slot-index vector is computed on the host. It
+   runs at the start of ``forward`` (``forward_includes_kv_cache_update``):
+   vLLM then enters one opaque op per layer instead of two, which saves the
+   second op's dispatch and Python on every layer of every step.
 3. **Page attention (device).** A host loop dispatches the compiled
    per-sequence kernel for every multi-row sequence, and the batched-decode
    kernel once for all decodes; query rows are gathered on the device.
@@ -543,6 +546,10 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         if alibi_slopes is not None:
             self._init_alibi(alibi_slopes)
 
+        #: (cache, its page view, its slot view): the layer's cache tensor is the
+        #: same object every step, so its views are made once, not per step (each
+        #: view is a dispatched op; on the card, an eager one).
+        self._views: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
         vllm_config = get_current_vllm_config()
         self._configure(vllm_config)
         if self.num_queries_per_kv == 1 and placement.is_spyre():
@@ -571,6 +578,14 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         #: Decodes through the cpu target's host kernel (decided on first use,
         #: when the KV cache's dtype is known).
         self._host_decode: bool | None = None
+
+    def _cache_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(token-major pages, slot-major view)`` of ``kv_cache``, made once per cache."""
+        views = self._views
+        if views is None or views[0] is not kv_cache:
+            views = (kv_cache, ops.token_major_pages(kv_cache), ops.slot_major_view(kv_cache))
+            self._views = views
+        return views[1], views[2]
 
     def _alibi_on_device(self, stats: torch.dtype) -> torch.Tensor | None:
         if self.alibi_slopes is None:
@@ -608,7 +623,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
                 num_tokens,
                 placement.to_device(host_slots(slot_mapping, num_tokens)),
             )
-        slots = ops.slot_major_view(kv_cache)
+        _, slots = self._cache_views(kv_cache)
         src = ops.kv_source(key, value, slots.dtype)
         if self.compile_store and policy.host_kv_store():
             # cpu target: the store's compiled graph costs ~300 us per layer to
@@ -642,16 +657,21 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         output_scale: torch.Tensor | None = None,
         output_block_scale: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Attention of ``query`` ``[num_tokens, heads, head]`` over the paged cache.
+        """Store the step's K/V, then attention of ``query`` ``[num_tokens, heads, head]``.
 
-        The KV write already happened in :meth:`do_kv_cache_update` (the backend
-        sets ``forward_includes_kv_cache_update = False``).
+        The backend sets ``forward_includes_kv_cache_update = True``: vLLM calls
+        no separate KV-update op, the write is :meth:`do_kv_cache_update` here.
         """
         if output_scale is not None or output_block_scale is not None:
             raise NotImplementedError("fused output quantization is not supported")
         if attn_metadata is None:  # profiling / dummy run without metadata
             return output.zero_()
 
+        # Step 2, the KV write, before any attention reads the pages. A layer
+        # that shares an earlier layer's cache writes nothing (vLLM's rule for
+        # its own KV-update op).
+        if key is not None and value is not None and self.kv_sharing_target_layer_name is None:
+            self.do_kv_cache_update(layer, key, value, kv_cache, attn_metadata.slot_mapping)
         self._attend_sequences(query, kv_cache, attn_metadata, output)
         if attn_metadata.decode is not None:
             self._attend_decodes(query, kv_cache, attn_metadata, output)
@@ -671,7 +691,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
     ) -> None:
         if not md.seqs:
             return
-        pages = ops.token_major_pages(kv_cache)
+        pages, _ = self._cache_views(kv_cache)
         masks = md.tile_masks(self.sliding_window)
         slopes = self._alibi_on_device(md.stats_dtype)
         biases = md.alibi_biases() if slopes is not None else [None] * len(md.seqs)
@@ -718,7 +738,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             # (same block table and mask; see ops.host_decode).
             result = ops.host_decode.paged_decode(
                 q,
-                ops.token_major_pages(kv_cache),
+                self._cache_views(kv_cache)[0],
                 batch.block_ids,
                 md.decode_mask(self.sliding_window),
                 self.scale,
@@ -728,7 +748,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         result = ops.BATCHED_DECODE(
             self.compile_kernels,
             q,
-            ops.token_major_pages(kv_cache),
+            self._cache_views(kv_cache)[0],
             batch.block_ids,
             md.decode_mask(self.sliding_window),
             self.scale,
@@ -744,8 +764,9 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
 class SpyreAttentionBackend(AttentionBackend):
     """Token-major paged attention for Spyre (and its cpu target)."""
 
-    # The KV write is a separate op (do_kv_cache_update), as the spec's step 2.
-    forward_includes_kv_cache_update: bool = False
+    # The KV write (the spec's step 2, do_kv_cache_update) runs inside forward:
+    # one opaque op per layer for vLLM to enter, not two.
+    forward_includes_kv_cache_update: bool = True
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [
         torch.float16,
