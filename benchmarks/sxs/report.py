@@ -20,7 +20,13 @@ W3_TPOT_RATIO = 1.2
 #: per decode step at most half of the counts the issue was filed against.
 W1_MS_VS_VLLM_CPU = 0.8
 W3_VS_VLLM_CPU = 1.0
-PROXY_BASELINE = {"compiled_graph_calls": 90, "eager_device_ops": 652}
+#: Issue 20's baseline per decode step. The issue's 652 eager ops counted the
+#: cpu target's host-GEMM wrapper ops (3 per linear, 364 in all) as eager
+#: launches; on the card those matmuls are inside the block graph, and
+#: ``proxies.py`` no longer counts them. The same code without them counts 288
+#: (measured 2026-12-03 on the AMD AVX-512 BF16 class, where no host GEMM runs):
+#: the target is half of that.
+PROXY_BASELINE = {"compiled_graph_calls": 90, "eager_device_ops": 288}
 
 
 def weight_bytes(model_dir: str) -> int:
