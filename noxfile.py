@@ -391,6 +391,30 @@ def bench(session: nox.Session) -> None:
     session.run(sys.executable, str(script), *session.posargs, external=True)
 
 
+#: The plugin-only measurements under benchmarks/ (``scripts/test.sh -s perf -- NAME ...``).
+PERF_SCRIPTS = ("decode_ab.py", "step_budget.py", "attention_decode.py", "compile_startup.py")
+
+
+@nox.session(venv_backend="none")
+def perf(session: nox.Session) -> None:
+    """One plugin measurement from benchmarks/ in the benchmark's plugin venv.
+
+    Not part of `test`. The first argument after -- names the script
+    (decode_ab.py, step_budget.py, ...), the rest go to it, e.g.
+    `scripts/test.sh -s perf -- decode_ab.py --variant base@/tmp/base --variant new`.
+    """
+    if not session.posargs or session.posargs[0] not in PERF_SCRIPTS:
+        session.error(f"name the script first: one of {', '.join(PERF_SCRIPTS)}")
+    sys.path.insert(0, str(ROOT / "benchmarks" / "sxs"))
+    import envs  # the benchmark's venv recipes (benchmarks/sxs/envs.py)
+
+    python = envs.plugin_venv()
+    prepare = python.parent / "spyre-prepare-default-model"
+    session.run(str(prepare), external=True)
+    script = ROOT / "benchmarks" / session.posargs[0]
+    session.run(str(python), str(script), *session.posargs[1:], external=True)
+
+
 @nox.session(venv_backend="none", requires=["lint", "docs", "release", *PACKAGES, "e2e"])
 def test(session: nox.Session) -> None:
     """Everything CI needs: lint, the docs, the release artifacts, each package alone,

@@ -199,11 +199,13 @@ def _paths(system: str) -> dict[str, str]:
             "attention": attn,
         }
     from spyre_inference.attention.ops import host_decode
-    from spyre_inference.ops import host_gemm
+    from spyre_inference.ops import host_gemm, onednn_linear
     from spyre_inference.platform import device
 
     dtype = torch.bfloat16
-    if device.host_gemm_dtype(dtype) is None:
+    if device.host_gemm_dtype(dtype) is None and onednn_linear.packed_bytes():
+        gemm = f"oneDNN on weights prepacked at load (ATen dispatch {cpu})"
+    elif device.host_gemm_dtype(dtype) is None:
         gemm = f"torch {dtype} matmul (oneDNN; ATen dispatch {cpu})"
     elif host_gemm.kernel_available(dtype):
         gemm = f"plugin host GEMM kernel, {host_gemm.kernel_isa()} build, float32 accumulation"

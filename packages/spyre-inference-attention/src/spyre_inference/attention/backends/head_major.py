@@ -124,6 +124,17 @@ class SpyreHeadMajorAttentionImpl(SpyreAttentionImpl):
         src = ops.kv_source(key, value, rows.dtype)
         ops.STORE_KV_HEAD_MAJOR(self.compile_store, rows, index, src)
 
+    def _write_step_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: SpyreAttentionMetadata,
+    ) -> None:
+        # The per-head store index depends on the cache's shape: built (and
+        # shared per step) by do_kv_cache_update's own cache.
+        self.do_kv_cache_update(None, key, value, kv_cache, md.slot_mapping)
+
     def _attend_sequences(
         self,
         query: torch.Tensor,

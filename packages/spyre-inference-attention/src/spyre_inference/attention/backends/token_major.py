@@ -184,6 +184,20 @@ class SpyreAttentionMetadata(AttentionMetadata):
     _decode_masks: dict[int | None, torch.Tensor] = dataclasses.field(default_factory=dict)
     _alibi: list[torch.Tensor] | None = None
     _decode_alibi: torch.Tensor | None = None
+    _slot_index: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    def slot_index(self, num_tokens: int) -> torch.Tensor:
+        """``[num_tokens]`` int64 device slots of the step's K/V rows (padding: null slot).
+
+        Built on the host and copied over once per step and token count, shared
+        by every layer of the group (the spec's step 2: only this vector is
+        computed on the host).
+        """
+        index = self._slot_index.get(num_tokens)
+        if index is None:
+            index = placement.to_device(host_slots(self.slot_mapping, num_tokens))
+            self._slot_index[num_tokens] = index
+        return index
 
     def tile_masks(self, sliding_window: int | None) -> list[torch.Tensor]:
         """Per-sequence device masks for layers with this window (None: full).
@@ -623,6 +637,24 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
                 num_tokens,
                 placement.to_device(host_slots(slot_mapping, num_tokens)),
             )
+        self._store_at(key, value, kv_cache, index)
+
+    def _write_step_kv(
+        self,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: SpyreAttentionMetadata,
+    ) -> None:
+        """The KV write of ``forward``, with the step's slot index from the metadata."""
+        if kv_cache.numel() == 0:
+            return
+        self._check_content(kv_cache)
+        self._store_at(key, value, kv_cache, md.slot_index(key.shape[0]))
+
+    def _store_at(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, index: torch.Tensor
+    ) -> None:
         _, slots = self._cache_views(kv_cache)
         src = ops.kv_source(key, value, slots.dtype)
         if self.compile_store and policy.host_kv_store():
@@ -671,7 +703,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         # that shares an earlier layer's cache writes nothing (vLLM's rule for
         # its own KV-update op).
         if key is not None and value is not None and self.kv_sharing_target_layer_name is None:
-            self.do_kv_cache_update(layer, key, value, kv_cache, attn_metadata.slot_mapping)
+            self._write_step_kv(key, value, kv_cache, attn_metadata)
         self._attend_sequences(query, kv_cache, attn_metadata, output)
         if attn_metadata.decode is not None:
             self._attend_decodes(query, kv_cache, attn_metadata, output)
@@ -742,7 +774,8 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
                 batch.block_ids,
                 md.decode_mask(self.sliding_window),
                 self.scale,
-            ).to(query.dtype)
+                out_dtype=query.dtype,
+            )
             output.index_copy_(0, batch.out_index, result[: batch.num_seqs])
             return
         result = ops.BATCHED_DECODE(

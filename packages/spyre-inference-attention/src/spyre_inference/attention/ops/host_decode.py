@@ -127,8 +127,9 @@ def paged_decode(
     block_ids: torch.Tensor,
     mask: torch.Tensor,
     scale: float,
+    out_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
-    """``softmax(q k^T * scale + mask) v`` of one query row per sequence, float32.
+    """``softmax(q k^T * scale + mask) v`` of one query row per sequence.
 
     Args:
         q: ``[num_seqs, num_heads, head_size]``.
@@ -139,8 +140,10 @@ def paged_decode(
             below half of :func:`~.page_attention.mask_value` are masked keys.
 
     Returns:
-        ``[num_seqs, num_heads, head_size]`` float32; a sequence without any
-        unmasked key (a padding entry) gets zeros.
+        ``[num_seqs, num_heads, head_size]``, computed in float32 and returned
+        in ``out_dtype`` (converted inside the kernel's range: the card's graph
+        returns the query's dtype too); a sequence without any unmasked key (a
+        padding entry) gets zeros.
     """
     from spyre_inference.attention.ops.page_attention import mask_value
 
@@ -192,6 +195,8 @@ def paged_decode(
             out.data_ptr(),
             torch.get_num_threads(),
         )
+        if not failed and out_dtype != torch.float32:
+            out = out.to(out_dtype)
     if failed:
         raise MemoryError(f"paged_decode: no memory for {kv_blocks * block_size} scores")
     return out
