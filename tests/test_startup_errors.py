@@ -123,6 +123,7 @@ INVALID_SETTING_VALUES = {
     "SPYRE_ATTN_MAX_CORES": "-4",
     "SPYRE_CPU_GEMM_DTYPE": "bfloat16",
     "SPYRE_CPU_GEMM_KERNEL": "avx512",
+    "SPYRE_CPU_GEMM_PACK": "on",
     "SPYRE_CPU_ISA": "sse4",
     "SPYRE_CPU_ATTN_KERNEL": "avx2",
     "SPYRE_DEFAULT_MODEL_DIR": "{a_file}",

@@ -28,11 +28,12 @@ puts the checkpoint-layout ``weight`` back on the layer, loads into it, calls
 ``process_weights_after_loading`` again and copies the result into the tensors
 the layer had. The method therefore decides what to do from the tensors, not
 from a flag: it remembers (weakly) the matrix it made, and a call that finds
-that very matrix is a refresh, any other a fresh transpose. Two derived copies
-are invisible to that reload and are refreshed by
+that very matrix is a refresh, any other a fresh transpose. Derived copies are
+invisible to that reload and are refreshed by
 :meth:`SpyreTransposedWeightMethod.refresh_after_weight_update` (the runner
 calls it after every reload): a tied LM head's transposed matrix (the reload
-writes the shared embedding weight only) and the float32 copy.
+writes the shared embedding weight only), the float32 copy and the oneDNN-packed
+copy.
 """
 
 from __future__ import annotations
