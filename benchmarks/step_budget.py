@@ -120,7 +120,7 @@ def measure(llm: Any, prompts: list[list[int]], steps: int, runs: int) -> dict[s
     budgets = []
     for max_tokens in (1, 1 + steps):
         with (
-            proxies._ranges(runner),
+            proxies.marked_ranges(runner),
             torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
         ):
             t0 = time.perf_counter()

@@ -53,7 +53,7 @@ def _runner(llm: Any) -> Any:
 
 
 @contextlib.contextmanager
-def _ranges(runner: Any) -> Iterator[None]:
+def marked_ranges(runner: Any) -> Iterator[None]:
     """Mark the model forward and the logits computation as profiler ranges."""
     import torch
 
@@ -126,7 +126,7 @@ def _profiled(llm: Any, prompts: list[list[int]], max_tokens: int) -> dict[str, 
     requests = [{"prompt_token_ids": p} for p in prompts]
     dev.transfers.reset()
     with (
-        _ranges(runner),
+        marked_ranges(runner),
         torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof,
     ):
         llm.generate(requests, params, use_tqdm=False)

@@ -162,7 +162,7 @@ def test_under_inference_mode(vllm_config):
 
 
 def test_kv_write_follows_new_slot_mapping_each_step(vllm_config):
-    """The per-step slot-index cache must not serve a stale index."""
+    """A runner that rewrites its slot-mapping buffer in place gets the new slots."""
     block_size = vllm_config.cache_config.block_size
     case = Case([10], [2], pad_tokens=0)
     step = prepare(case, block_size)

@@ -26,13 +26,13 @@ import weakref
 
 import torch
 
+from spyre_inference.ops.linear_op import OP_NAMESPACE, register_linear_op
 from spyre_inference.platform import settings
 from spyre_inference.platform.device import is_spyre
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
 
-OP_NAMESPACE = "spyre_inference"
 OP_NAME = "onednn_linear_t"
 QUALNAME = f"{OP_NAMESPACE}::{OP_NAME}"
 
@@ -97,17 +97,8 @@ def _onednn_linear_t(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return y.view(*lead, n)
 
 
-def _onednn_linear_t_fake(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight_t.shape[1]), dtype=weight_t.dtype)
-
-
-# torch.library.Library rather than custom_op: ~120 calls per decode step, and
-# custom_op's Python wrapper costs several times a plain kernel registration
-# (see ops.host_gemm). Inference only: no autograd formula.
-_LIB = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
-_LIB.define(f"{OP_NAME}(Tensor x, Tensor weight_t) -> Tensor")
-_LIB.impl(OP_NAME, _onednn_linear_t, "CPU")
-torch.library.register_fake(QUALNAME, _onednn_linear_t_fake, lib=_LIB)
+# The product is in the weight's dtype.
+_LIB = register_linear_op(OP_NAME, _onednn_linear_t, lambda weight_t: weight_t.dtype)
 
 
 def onednn_linear_t(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from vllm.v1.attention.backend import AttentionLayer
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
 from spyre_inference.attention import ops, policy
@@ -38,8 +37,6 @@ from spyre_inference.attention.backends.token_major import (
     SpyreAttentionImpl,
     SpyreAttentionMetadata,
     SpyreAttentionMetadataBuilder,
-    _SlotIndexCache,
-    host_slots,
 )
 from spyre_inference.attention.config_checks import HeadMajorConfigError, check_batched_decode
 from spyre_inference.platform import device as placement
@@ -75,9 +72,6 @@ def head_store_index(slots: torch.Tensor, num_kv_heads: int, block_size: int) ->
     return (block.unsqueeze(0) * num_kv_heads + heads) * block_size + offset.unsqueeze(0)
 
 
-_head_index_cache = _SlotIndexCache()
-
-
 class SpyreHeadMajorAttentionImpl(SpyreAttentionImpl):
     """Per-layer attention on the head-major cache."""
 
@@ -96,44 +90,18 @@ class SpyreHeadMajorAttentionImpl(SpyreAttentionImpl):
         self.compile_kernels = True
         self.compile_store = policy.model_compiles(vllm_config)
 
-    def do_kv_cache_update(
-        self,
-        layer: AttentionLayer | torch.nn.Module | None,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-    ) -> None:
-        """Write the step's new K/V, one ``index_copy_`` per KV head."""
-        if kv_cache.numel() == 0:  # placeholder cache before allocation
-            return
-        self._check_content(kv_cache)
-        num_tokens = key.shape[0]
+    def _store_index(self, slots: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+        """``[num_kv_heads, num_tokens]`` rows of the folded cache for the slots."""
         num_kv_heads, block_size = kv_cache.shape[1], kv_cache.shape[2]
-        extra = (num_kv_heads, block_size)
-        index = _head_index_cache.get(slot_mapping, num_tokens, extra)
-        if index is None:
-            slots = host_slots(slot_mapping, num_tokens)
-            index = _head_index_cache.put(
-                slot_mapping,
-                num_tokens,
-                placement.to_device(head_store_index(slots, num_kv_heads, block_size)),
-                extra,
-            )
+        return placement.to_device(head_store_index(slots, num_kv_heads, block_size))
+
+    def _store_at(
+        self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, index: torch.Tensor
+    ) -> None:
+        """One ``index_copy_`` per KV head of the materialised ``cat(K, V)``."""
         rows = ops.head_major_rows(kv_cache)
         src = ops.kv_source(key, value, rows.dtype)
         ops.STORE_KV_HEAD_MAJOR(self.compile_store, rows, index, src)
-
-    def _write_step_kv(
-        self,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        md: SpyreAttentionMetadata,
-    ) -> None:
-        # The per-head store index depends on the cache's shape: built (and
-        # shared per step) by do_kv_cache_update's own cache.
-        self.do_kv_cache_update(None, key, value, kv_cache, md.slot_mapping)
 
     def _attend_sequences(
         self,

@@ -36,6 +36,7 @@ gather/scatter indices and nothing else (Spyre has no integer compute).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -184,19 +185,18 @@ class SpyreAttentionMetadata(AttentionMetadata):
     _decode_masks: dict[int | None, torch.Tensor] = dataclasses.field(default_factory=dict)
     _alibi: list[torch.Tensor] | None = None
     _decode_alibi: torch.Tensor | None = None
-    _slot_index: dict[int, torch.Tensor] = dataclasses.field(default_factory=dict)
+    _step_indices: dict[tuple[Any, ...], torch.Tensor] = dataclasses.field(default_factory=dict)
 
-    def slot_index(self, num_tokens: int) -> torch.Tensor:
-        """``[num_tokens]`` int64 device slots of the step's K/V rows (padding: null slot).
+    def step_index(self, key: tuple[Any, ...], build: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """A device index derived from this step's slot mapping, built once per ``key``.
 
-        Built on the host and copied over once per step and token count, shared
-        by every layer of the group (the spec's step 2: only this vector is
-        computed on the host).
+        Every layer of the group stores its K/V at the same slots, so the host
+        computation and the copy to the device (the spec's step 2: only the
+        index is computed on the host) happen once per step, not per layer.
         """
-        index = self._slot_index.get(num_tokens)
+        index = self._step_indices.get(key)
         if index is None:
-            index = placement.to_device(host_slots(self.slot_mapping, num_tokens))
-            self._slot_index[num_tokens] = index
+            index = self._step_indices[key] = build()
         return index
 
     def tile_masks(self, sliding_window: int | None) -> list[torch.Tensor]:
@@ -448,51 +448,6 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
         return metadata
 
 
-class _SlotIndexCache:
-    """The device slot index of the current step, shared by all layers.
-
-    Every layer of a KV-cache group gets the same slot-mapping tensor in a
-    step, so the host computation and the host-to-device copy happen once per
-    step rather than once per layer. The entry keeps a reference to the tensor
-    (so its identity cannot be reused) and its version counter (bumped when the
-    runner rewrites the buffer in place). Inference-mode tensors have no
-    version counter; for those the index is rebuilt on every call (correct,
-    just not shared).
-    """
-
-    def __init__(self) -> None:
-        self._key: tuple[Any, ...] | None = None
-        self._index: torch.Tensor | None = None
-
-    def get(
-        self, slot_mapping: torch.Tensor, num_tokens: int, extra: tuple[Any, ...] = ()
-    ) -> torch.Tensor | None:
-        """The cached index for this (slot mapping, token count, extra) or None."""
-        if slot_mapping.is_inference():
-            return None
-        key = (slot_mapping._version, num_tokens, *extra)
-        if (
-            self._key is not None
-            and self._key[0] is slot_mapping
-            and self._key[1:] == key
-            and self._index is not None
-        ):
-            return self._index
-        return None
-
-    def put(
-        self,
-        slot_mapping: torch.Tensor,
-        num_tokens: int,
-        index: torch.Tensor,
-        extra: tuple[Any, ...] = (),
-    ) -> torch.Tensor:
-        if not slot_mapping.is_inference():
-            self._key = (slot_mapping, slot_mapping._version, num_tokens, *extra)
-            self._index = index
-        return index
-
-
 def host_slots(slot_mapping: torch.Tensor, num_tokens: int) -> torch.Tensor:
     """``[num_tokens]`` int64 host slots; vLLM's padding (-1) and missing rows -> null slot."""
     host = placement.to_host(slot_mapping).to(torch.int64)[:num_tokens]
@@ -502,9 +457,6 @@ def host_slots(slot_mapping: torch.Tensor, num_tokens: int) -> torch.Tensor:
             (index, torch.full((num_tokens - index.shape[0],), NULL_SLOT, dtype=torch.int64))
         )
     return index
-
-
-_slot_index_cache = _SlotIndexCache()
 
 
 class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
@@ -625,18 +577,15 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
     ) -> None:
-        """Write the step's new K/V (``[num_tokens, kv_heads, head]``) at their slots."""
+        """Write K/V (``[num_tokens, kv_heads, head]``) at ``slot_mapping``'s slots.
+
+        For callers outside a step (warm-up, tests); ``forward`` writes through
+        :meth:`_write_step_kv`, which shares the index across the step's layers.
+        """
         if kv_cache.numel() == 0:  # placeholder cache before allocation
             return
         self._check_content(kv_cache)
-        num_tokens = key.shape[0]
-        index = _slot_index_cache.get(slot_mapping, num_tokens)
-        if index is None:
-            index = _slot_index_cache.put(
-                slot_mapping,
-                num_tokens,
-                placement.to_device(host_slots(slot_mapping, num_tokens)),
-            )
+        index = self._store_index(host_slots(slot_mapping, key.shape[0]), kv_cache)
         self._store_at(key, value, kv_cache, index)
 
     def _write_step_kv(
@@ -646,15 +595,25 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         kv_cache: torch.Tensor,
         md: SpyreAttentionMetadata,
     ) -> None:
-        """The KV write of ``forward``, with the step's slot index from the metadata."""
+        """The KV write of ``forward``: the store index built once per step (on ``md``)."""
         if kv_cache.numel() == 0:
             return
         self._check_content(kv_cache)
-        self._store_at(key, value, kv_cache, md.slot_index(key.shape[0]))
+        num_tokens = key.shape[0]
+        index = md.step_index(
+            (self.layout_name, num_tokens, *kv_cache.shape[1:3]),
+            lambda: self._store_index(host_slots(md.slot_mapping, num_tokens), kv_cache),
+        )
+        self._store_at(key, value, kv_cache, index)
+
+    def _store_index(self, slots: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The device index the store scatters through, from ``[num_tokens]`` host slots."""
+        return placement.to_device(slots)
 
     def _store_at(
         self, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, index: torch.Tensor
     ) -> None:
+        """One ``index_copy_`` of ``cat(K, V)`` through the slot-major view."""
         _, slots = self._cache_views(kv_cache)
         src = ops.kv_source(key, value, slots.dtype)
         if self.compile_store and policy.host_kv_store():

@@ -1,0 +1,44 @@
+"""Registration of the cpu target's linear ops: ``spyre_inference::<name>(x, weight_t)``.
+
+The host GEMM (:mod:`~spyre_inference.ops.host_gemm`) and oneDNN on prepacked
+weights (:mod:`~spyre_inference.ops.onednn_linear`) are opaque ops the block
+graphs call with the ``[in, out]`` weight of record. Both are registered here,
+through ``torch.library.Library`` rather than ``torch.library.custom_op``: the
+ops run ~120 times per decode step (every linear of every layer), and
+custom_op's Python wrapper cost ~65 us per call on the 2-core host it was
+measured on, against ~24 us for a plain CPU kernel registration. They are
+inference-only (vLLM runs under inference_mode): no autograd formula.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+OP_NAMESPACE = "spyre_inference"
+
+LinearImpl = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def register_linear_op(
+    name: str, impl: LinearImpl, result_dtype: Callable[[torch.Tensor], torch.dtype]
+) -> torch.library.Library:
+    """Define ``spyre_inference::<name>(Tensor x, Tensor weight_t) -> Tensor`` on the CPU.
+
+    ``result_dtype(weight_t)`` is the output's dtype, for the fake (meta)
+    implementation Dynamo traces with; the output is ``[*x.shape[:-1], out]``.
+    Keep the returned library alive as long as the op is used.
+    """
+
+    def fake(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((*x.shape[:-1], weight_t.shape[1]), dtype=result_dtype(weight_t))
+
+    lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+    lib.define(f"{name}(Tensor x, Tensor weight_t) -> Tensor")
+    lib.impl(name, impl, "CPU")
+    torch.library.register_fake(f"{OP_NAMESPACE}::{name}", fake, lib=lib)
+    return lib
+
+
+__all__ = ["OP_NAMESPACE", "register_linear_op"]
