@@ -225,7 +225,8 @@ def e2e(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """ruff check + ruff format --check over the repository."""
+    """ruff check + ruff format --check over the repository, then
+    tools/import_lint.py (import cycles and cross-module private imports)."""
     result = RESULTS["lint"] = Result(status="FAILED")
     material = {**se.key_material([RUFF], None, ()), "torch": None, "constraints": None}
     with se.reusable_venv("lint", material) as (venv, fresh):
@@ -236,6 +237,8 @@ def lint(session: nox.Session) -> None:
         t0 = time.monotonic()
         session.run(ruff, "check", ".", external=True)
         session.run(ruff, "format", "--check", ".", external=True)
+        # Standard library only: the Python running nox is enough.
+        session.run(sys.executable, str(ROOT / "tools" / "import_lint.py"), external=True)
         result.test_s = time.monotonic() - t0
     result.status = "passed"
 

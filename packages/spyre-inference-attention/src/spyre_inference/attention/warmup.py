@@ -34,7 +34,7 @@ import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from spyre_inference.attention import policy
-from spyre_inference.attention.bucketing import cdiv, lower_bound
+from spyre_inference.attention.bucketing import EncoderBucketer, cdiv, lower_bound
 from spyre_inference.attention.ops import compiled
 from spyre_inference.platform.logs import get_logger
 
@@ -213,8 +213,6 @@ def _encoder_steps(runner: Any, group: Any, impl: Any) -> list[_Step]:
 
 def record_backend(backend_cls: type, runner: Any) -> WarmUpReport:
     """Compile every kernel variant ``backend_cls``'s layers can reach when serving."""
-    from spyre_inference.attention.backends.encoder import SpyreEncoderMetadataBuilder
-
     name = getattr(backend_cls, "__name__", str(backend_cls))
     report = WarmUpReport(name)
     if not policy.record_at_warm_up():
@@ -231,7 +229,10 @@ def record_backend(backend_cls: type, runner: Any) -> WarmUpReport:
             builder = group.get_metadata_builder()
             for layer in _layers(runner, group.layer_names):
                 impl = layer.impl
-                encoder = isinstance(builder, SpyreEncoderMetadataBuilder)
+                # The encoder's builder (and only it) plans on an EncoderBucketer.
+                # Asked of the bucketer, not the builder class: the backends import
+                # this module, so importing them here would be an import cycle.
+                encoder = isinstance(builder.bucketer, EncoderBucketer)
                 kv_cache = None if encoder else _kv_cache(layer)
                 signature = _signature(impl, kv_cache)
                 # The encoder impl has no KV store to compile (no KV cache).
