@@ -218,24 +218,34 @@ def test_forced_cpu_isa_is_used_or_refused_at_start_up(tiny_llama, monkeypatch, 
     ("option", "expected"),
     [
         ({"enable_lora": True}, r"LoRA \(--enable-lora / enable_lora=True\) is not supported"),
-        (
-            {
-                "speculative_config": {
-                    "method": "ngram",
-                    "num_speculative_tokens": 3,
-                    "prompt_lookup_max": 3,
-                }
-            },
-            r"speculative decoding \(--speculative-config, method='ngram'\)",
-        ),
         ({"quantization": "fp8"}, r"quantization='fp8' .*serve an unquantized"),
         # Refused by vLLM's own check (the platform reports sleep mode unavailable).
         ({"enable_sleep_mode": True}, r"Sleep mode is not supported on current platform"),
     ],
-    ids=["lora", "ngram", "fp8", "sleep"],
+    ids=["lora", "fp8", "sleep"],
 )
 def test_unsupported_engine_option_is_refused_at_start_up(tiny_llama, option, expected) -> None:
     """Each fails in the user's process, naming the option and what to do (before
     this, each died inside the engine process with an unrelated error)."""
     with pytest.raises(ValueError, match=expected):
         _config(tiny_llama, **option)
+
+
+def test_draft_model_speculation_is_refused_at_start_up(tiny_llama) -> None:
+    """Speculative methods other than ngram need a second model runner: refused by name."""
+    spec = {"model": str(tiny_llama), "num_speculative_tokens": 2}
+    expected = (
+        r"speculative decoding \(--speculative-config, method='draft_model'\) is not "
+        r"supported .*use method='ngram'"
+    )
+    with pytest.raises(ValueError, match=expected):
+        _config(tiny_llama, speculative_config=spec)
+
+
+def test_ngram_speculation_passes_the_start_up_checks(tiny_llama) -> None:
+    """ngram is served on the cpu target (tests/test_speculative_decoding.py)."""
+    config = _config(
+        tiny_llama,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+    )
+    assert config.speculative_config.method == "ngram"

@@ -131,14 +131,16 @@ class TorchSpyrePlatform(Platform):
 
     @classmethod
     def register_triton_kernel_overrides(cls) -> None:
-        # Without compiled kernels, vLLM's Triton slot-mapping kernel has no
-        # backend here; route it to the pure-PyTorch implementation.
+        # Without compiled kernels, vLLM's Triton kernels have no backend
+        # here; route them to pure-PyTorch implementations.
         from vllm.triton_utils.dispatcher import register_kernels
 
+        from spyre_inference.platform.rejection_kernels import OVERRIDES
         from spyre_inference.platform.slot_mapping import compute_slot_mapping_kernel
 
         kernel = "vllm.v1.worker.block_table.ComputeSlotMappingKernel.kernel"
-        register_kernels({kernel: compute_slot_mapping_kernel})
+        # Speculative decoding's rejection sampler: PyTorch stand-ins on the host.
+        register_kernels({kernel: compute_slot_mapping_kernel, **OVERRIDES})
 
     # ---- component selection --------------------------------------------
 

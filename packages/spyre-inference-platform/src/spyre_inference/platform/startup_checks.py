@@ -17,6 +17,7 @@ too, so the core never imports a sub-package by name.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import TYPE_CHECKING
 
 from spyre_inference.platform import device, discovery, native_build, settings, stick_pad
@@ -63,10 +64,11 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
     """Engine options no Spyre target serves yet are refused here, by name.
 
     Left alone each fails later, inside the engine process, with an error that
-    does not name the option: LoRA in the runner (no punica wrapper), ngram
-    speculation on a missing ``numba`` import, a quantized checkpoint in vLLM's
-    kernel selection ("Failed to find a kernel ..."). (Sleep mode is refused by
-    vLLM itself: the platform reports it unavailable.)
+    does not name the option: LoRA in the runner (no punica wrapper), a
+    speculative method other than ngram (or ngram without ``numba``), a
+    quantized checkpoint in vLLM's kernel selection ("Failed to find a kernel
+    ..."). (Sleep mode is refused by vLLM itself: the platform reports it
+    unavailable.)
     """
     problems: list[str] = []
     if vllm_config.lora_config is not None:
@@ -76,10 +78,11 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
         )
     spec = vllm_config.speculative_config
     if spec is not None:
-        problems.append(
-            f"speculative decoding (--speculative-config, method={spec.method!r}) is not "
-            "supported by spyre-inference yet; remove --speculative-config"
+        problem = speculative_decoding_problem(
+            spec.method, getattr(spec, "rejection_sample_method", "standard")
         )
+        if problem:
+            problems.append(problem)
     model_config = vllm_config.model_config
     if model_config is not None and model_config.quantization is not None:
         problems.append(
@@ -94,6 +97,48 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
             "spyre-inference cannot serve these engine options:\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
+
+
+#: Speculative-decoding methods served on the cpu target: ngram proposes from
+#: the request's own tokens on the host (numba), the target model verifies the
+#: drafts in one step, and the rejection sampler runs on the host
+#: (:mod:`~spyre_inference.platform.rejection_kernels`). Draft-model methods
+#: (EAGLE, MTP, a draft model) would need a second model runner on the device.
+SPECULATIVE_METHODS = ("ngram",)
+
+
+#: Rejection-sampling forms whose kernels have host stand-ins
+#: (:mod:`~spyre_inference.platform.rejection_kernels`); FLy and block
+#: verification launch other Triton kernels.
+REJECTION_METHODS = ("standard", "synthetic")
+
+
+def speculative_decoding_problem(method: str | None, rejection: str = "standard") -> str | None:
+    """Why ``--speculative-config`` with ``method`` cannot be served here, or None."""
+    option = f"speculative decoding (--speculative-config, method={method!r})"
+    if rejection not in REJECTION_METHODS:
+        return (
+            f"speculative decoding with rejection_sample_method={rejection!r} is not "
+            f"supported by spyre-inference (supported: {', '.join(REJECTION_METHODS)}); "
+            "remove rejection_sample_method from --speculative-config"
+        )
+    if method not in SPECULATIVE_METHODS:
+        return (
+            f"{option} is not supported by spyre-inference yet (supported: "
+            f"{', '.join(SPECULATIVE_METHODS)}); use method='ngram' or remove "
+            "--speculative-config"
+        )
+    if device.is_spyre():
+        return (
+            f"{option} has not been verified on a Spyre card; it is supported on the cpu "
+            "target (SPYRE_DEVICE_TARGET=cpu). Remove --speculative-config"
+        )
+    if importlib.util.find_spec("numba") is None:
+        return (
+            f"{option} needs numba (vLLM's ngram proposer is compiled with it), which is "
+            "not installed: pip install 'spyre-inference-platform[ngram]' (or numba)"
+        )
+    return None
 
 
 def missing_packages(vllm_config: VllmConfig) -> list[str]:
@@ -166,4 +211,5 @@ __all__ = [
     "check_packages",
     "missing_packages",
     "run_package_checks",
+    "speculative_decoding_problem",
 ]
