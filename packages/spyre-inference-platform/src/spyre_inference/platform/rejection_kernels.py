@@ -37,19 +37,49 @@ as the kernels define it.
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
 
-#: vLLM marks padded draft slots with -1 (rejected by definition).
-PADDED_DRAFT = -1
+import torch
 
 
 def _spans(cu_num_tokens: torch.Tensor) -> list[tuple[int, int]]:
+    """``[start, end)`` of each request on the flat token axis (inclusive prefix sum)."""
     ends = cu_num_tokens.tolist()
     starts = [0, *ends[:-1]]
     return list(zip(starts, ends, strict=True))
 
 
-def _write(output: torch.Tensor, rows: list[int], cols: list[int], values: list[int]) -> None:
+def _accept_prefix(
+    output: torch.Tensor,
+    cu_num_draft_tokens: torch.Tensor,
+    skip: list[bool],
+    judge: Callable[[int, int], tuple[bool, int]],
+    bonus: list[int],
+) -> None:
+    """The loop both rejection kernels share, per request not in ``skip``.
+
+    ``judge(pos, t)`` says whether draft ``pos`` (flat index ``t``) is accepted
+    and which token goes to ``output[req, pos]``; the first rejection ends the
+    request, and a request whose drafts are all accepted gets its bonus token.
+    """
+    rows: list[int] = []
+    cols: list[int] = []
+    values: list[int] = []
+    for req, (start, end) in enumerate(_spans(cu_num_draft_tokens)):
+        if skip[req]:
+            continue
+        accepted = True
+        for pos in range(end - start):
+            accepted, value = judge(pos, start + pos)
+            rows.append(req)
+            cols.append(pos)
+            values.append(value)
+            if not accepted:
+                break
+        if accepted:
+            rows.append(req)
+            cols.append(end - start)
+            values.append(bonus[req])
     if rows:
         output[rows, cols] = torch.tensor(values, dtype=output.dtype, device=output.device)
 
@@ -69,36 +99,20 @@ def rejection_greedy_sample(
     """``rejection_greedy_sample_kernel``: greedy requests' accepted tokens."""
     draft = draft_token_ids_ptr.reshape(-1).tolist()
     target = target_argmax_ptr.reshape(-1).tolist()
-    bonus = bonus_token_ids_ptr.reshape(-1).tolist()
-    greedy = None if is_greedy_ptr is None else is_greedy_ptr.reshape(-1).tolist()
     uniform = uniform_probs_ptr.reshape(-1).tolist() if SYNTHETIC_MODE else None
     rates = synthetic_conditional_rates_ptr.reshape(-1).tolist() if SYNTHETIC_MODE else None
-    rows: list[int] = []
-    cols: list[int] = []
-    values: list[int] = []
-    for req, (start, end) in enumerate(_spans(cu_num_draft_tokens_ptr)):
-        if greedy is not None and not greedy[req]:
-            continue
-        rejected = False
-        for pos in range(end - start):
-            token = draft[start + pos]
-            if SYNTHETIC_MODE:
-                accepted = uniform[start + pos] < rates[pos] and token >= 0
-                value = token if accepted else target[start + pos]
-                rejected = not accepted
-            else:
-                value = target[start + pos]
-                rejected = token != value
-            rows.append(req)
-            cols.append(pos)
-            values.append(value)
-            if rejected:
-                break
-        if not rejected:
-            rows.append(req)
-            cols.append(end - start)
-            values.append(bonus[req])
-    _write(output_token_ids_ptr, rows, cols, values)
+
+    def judge(pos: int, t: int) -> tuple[bool, int]:
+        if SYNTHETIC_MODE:
+            accepted = uniform[t] < rates[pos] and draft[t] >= 0
+            return accepted, draft[t] if accepted else target[t]
+        return draft[t] == target[t], target[t]
+
+    batch = output_token_ids_ptr.shape[0]
+    greedy = [True] * batch if is_greedy_ptr is None else is_greedy_ptr.reshape(-1).tolist()
+    skip = [not g for g in greedy]
+    bonus = bonus_token_ids_ptr.reshape(-1).tolist()
+    _accept_prefix(output_token_ids_ptr, cu_num_draft_tokens_ptr, skip, judge, bonus)
 
 
 def rejection_random_sample(
@@ -119,44 +133,29 @@ def rejection_random_sample(
 ) -> None:
     """``rejection_random_sample_kernel``: sampled requests' accepted tokens."""
     ids = draft_token_ids_ptr.reshape(-1).long()
-    rows_all = torch.arange(ids.shape[0], device=ids.device)
+    rows = torch.arange(ids.shape[0], device=ids.device)
     safe = ids.clamp(min=0)
-    target_p = target_probs_ptr[rows_all, safe].tolist()
-    draft_p = None if NO_DRAFT_PROBS else draft_probs_ptr[rows_all, safe].tolist()
+    target_p = target_probs_ptr[rows, safe].tolist()
+    draft_p = None if NO_DRAFT_PROBS else draft_probs_ptr[rows, safe].tolist()
     draft = ids.tolist()
     uniform = uniform_probs_ptr.reshape(-1).tolist()
     recovered = recovered_token_ids_ptr.reshape(-1).tolist()
-    bonus = bonus_token_ids_ptr.reshape(-1).tolist()
-    greedy = is_greedy_ptr.reshape(-1).tolist()
     rates = synthetic_conditional_rates_ptr.reshape(-1).tolist() if SYNTHETIC_MODE else None
-    rows: list[int] = []
-    cols: list[int] = []
-    values: list[int] = []
-    for req, (start, end) in enumerate(_spans(cu_num_draft_tokens_ptr)):
-        if greedy[req]:
-            continue
-        rejected = False
-        for pos in range(end - start):
-            t = start + pos
-            if draft[t] < 0:
-                accepted = False
-            elif SYNTHETIC_MODE:
-                accepted = uniform[t] < rates[pos]
-            else:
-                p_draft = 1.0 if draft_p is None else draft_p[t]
-                # A zero draft probability is rejected rather than divided by.
-                accepted = p_draft > 0 and target_p[t] / p_draft >= uniform[t]
-            rows.append(req)
-            cols.append(pos)
-            values.append(draft[t] if accepted else recovered[t])
-            if not accepted:
-                rejected = True
-                break
-        if not rejected:
-            rows.append(req)
-            cols.append(end - start)
-            values.append(bonus[req])
-    _write(output_token_ids_ptr, rows, cols, values)
+
+    def judge(pos: int, t: int) -> tuple[bool, int]:
+        if draft[t] < 0:  # a padded draft slot: rejected by definition
+            accepted = False
+        elif SYNTHETIC_MODE:
+            accepted = uniform[t] < rates[pos]
+        else:
+            p_draft = 1.0 if draft_p is None else draft_p[t]
+            # A zero draft probability is rejected rather than divided by.
+            accepted = p_draft > 0 and target_p[t] / p_draft >= uniform[t]
+        return accepted, draft[t] if accepted else recovered[t]
+
+    skip = is_greedy_ptr.reshape(-1).tolist()
+    bonus = bonus_token_ids_ptr.reshape(-1).tolist()
+    _accept_prefix(output_token_ids_ptr, cu_num_draft_tokens_ptr, skip, judge, bonus)
 
 
 def expand(
@@ -168,22 +167,12 @@ def expand(
     MAX_NUM_TOKENS: int,
 ) -> None:
     """``expand_kernel``: ``output[start:end] = input[r]`` (``replace_from`` -> ``replace_to``)."""
-    counts = torch.diff(cu_num_tokens_ptr.long(), prepend=cu_num_tokens_ptr.new_zeros(1).long())
-    # The kernel writes at most MAX_NUM_TOKENS tokens per request.
-    counts = counts.clamp(max=MAX_NUM_TOKENS)
-    values = torch.where(
-        input_ptr == replace_from, torch.full_like(input_ptr, replace_to), input_ptr
-    )
-    starts = cu_num_tokens_ptr.long() - torch.diff(
-        cu_num_tokens_ptr.long(), prepend=cu_num_tokens_ptr.new_zeros(1).long()
-    )
-    index = torch.cat(
-        [torch.arange(s, s + c) for s, c in zip(starts.tolist(), counts.tolist(), strict=True)]
-        or [torch.empty(0, dtype=torch.long)]
-    ).to(output_ptr.device)
-    output_ptr[index] = torch.repeat_interleave(values, counts.to(values.device)).to(
-        output_ptr.dtype
-    )
+    values = input_ptr.tolist()
+    for req, (start, end) in enumerate(_spans(cu_num_tokens_ptr)):
+        # The kernel writes at most MAX_NUM_TOKENS tokens per request.
+        stop = min(end, start + MAX_NUM_TOKENS)
+        value = replace_to if values[req] == replace_from else values[req]
+        output_ptr[start:stop] = value
 
 
 def sample_recovered_tokens(
@@ -205,10 +194,8 @@ def sample_recovered_tokens(
     num_tokens = draft_ids.shape[0]
     if num_tokens == 0:
         return
-    counts = torch.diff(
-        cu_num_draft_tokens_ptr.long(), prepend=cu_num_draft_tokens_ptr.new_zeros(1).long()
-    )
-    request = torch.repeat_interleave(torch.arange(counts.shape[0]), counts)
+    counts = [end - start for start, end in _spans(cu_num_draft_tokens_ptr)]
+    request = torch.repeat_interleave(torch.arange(len(counts)), torch.tensor(counts))
     if NO_DRAFT_PROBS:
         prob = target_probs_ptr[:num_tokens].clone()
         ids = draft_ids.long()
