@@ -31,6 +31,10 @@ class SpyreLogitsProcessor(LogitsProcessor):
         hidden_states: torch.Tensor,
         embedding_bias: torch.Tensor | None,
     ) -> torch.Tensor:
+        # Spec ("Device Placement Strategy"): the runner slices
+        # hidden_states[logits_indices] on the host; they go back to the device
+        # for the LM-head matmul, whose weight lives there.
+        hidden_states = spyre_convert(hidden_states, "device")
         head_dtype = self.head_dtype
         if (
             head_dtype is not None

@@ -40,15 +40,23 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from spyre_inference.platform import device as dev
 from spyre_inference.platform import settings
 from spyre_inference.platform.cache_dir import cache_root
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
 
-#: Every compiled graph: Inductor, whole graphs only (a graph break would hand
-#: an eager fragment to a device that cannot run it), static shapes.
-COMPILE_KWARGS: dict[str, object] = {"backend": "inductor", "fullgraph": True, "dynamic": False}
+
+def compile_kwargs() -> dict[str, object]:
+    """What every ``torch.compile`` of the plugin gets.
+
+    The target's Inductor backend (:func:`~spyre_inference.platform.device.compile_backend`),
+    whole graphs only (a graph break would hand an eager fragment to a device
+    that cannot run it), static shapes.
+    """
+    return {"backend": dev.compile_backend(), "fullgraph": True, "dynamic": False}
+
 
 #: Dynamo guard on a per-layer attention name compiled in as a constant, e.g.
 #: ``L['self']._modules['self_attn']._modules['attn'].layer_name
@@ -257,7 +265,7 @@ def compile_model(model: nn.Module, num_shapes: int = 1) -> CompileReport:
         )
 
     if not stacks:
-        model.compile(**COMPILE_KWARGS)
+        model.compile(**compile_kwargs())
         name = type(model).__name__
         # One graph per bucket (a few spare for a model with its own branches).
         raise_recompile_limit(num_shapes * 4)
@@ -275,7 +283,7 @@ def compile_model(model: nn.Module, num_shapes: int = 1) -> CompileReport:
             if isinstance(block, PPMissingLayer):
                 continue
             # In place: the list entry stays the same module object.
-            block.compile(**COMPILE_KWARGS)
+            block.compile(**compile_kwargs())
             cls = type(block)
             classes[cls.__name__] += 1
             codes.setdefault(cls.__name__, _forward_codes(cls))

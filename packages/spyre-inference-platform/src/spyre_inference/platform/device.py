@@ -1,6 +1,6 @@
 """The one home of device placement: which device, which dtype, host<->device.
 
-The plugin has two targets chosen once at start-up:
+The plugin has three targets chosen once at start-up:
 
 * ``spyre``: torch-spyre imports and a card is present. Compute is float16 only
   (the card has no bfloat16/float32 matmul path).
@@ -8,6 +8,13 @@ The plugin has two targets chosen once at start-up:
   bucketing and compilation, computed on the host. bfloat16 by default
   (this class of CPU has fast bf16 GEMMs but no fast fp16 ones); float16 and
   float32 are accepted (float32 for exact comparisons with references).
+* ``emulated``: the spyre target's code path on an emulated card
+  (:mod:`~spyre_inference.platform.emulated_card`): a ``spyre`` device in host
+  memory that refuses to mix with host tensors. Only when asked for by name.
+
+:func:`is_spyre` means "runs the card's code path" (spyre and emulated);
+:func:`has_card` is the real card only (its collective library, its compiler's
+settings).
 
 Every other package asks this module instead of deciding placement itself, so
 the rules the card imposes (no int/bool tensors on device, floats in the
@@ -21,6 +28,8 @@ import enum
 import functools
 import importlib
 import importlib.util
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -44,6 +53,7 @@ def round_up(value: int, multiple: int = STICK_ELEMS) -> int:
 class DeviceTarget(enum.StrEnum):
     SPYRE = "spyre"
     CPU = "cpu"
+    EMULATED = "emulated"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +84,13 @@ def _spyre_card_present() -> tuple[bool, str]:
 def target_choice() -> TargetChoice:
     """Decide the device target once per process (logged once)."""
     requested = settings.get("SPYRE_DEVICE_TARGET")
+    if requested == "emulated":
+        from spyre_inference.platform import emulated_card
+
+        emulated_card.install()
+        choice = TargetChoice(DeviceTarget.EMULATED, "forced by SPYRE_DEVICE_TARGET=emulated")
+        logger.info("spyre-inference device target: emulated (%s)", choice.reason)
+        return choice
     present, why = _spyre_card_present() if requested != "cpu" else (False, "")
     if requested == "spyre":
         if not present:
@@ -97,17 +114,41 @@ def target() -> DeviceTarget:
 
 
 def is_spyre() -> bool:
+    """Whether this process runs the card's code path (a card or the emulated one)."""
+    return target() is not DeviceTarget.CPU
+
+
+def has_card() -> bool:
+    """Whether a real Spyre card (torch-spyre's runtime) is behind the device."""
     return target() is DeviceTarget.SPYRE
 
 
+def is_emulated() -> bool:
+    return target() is DeviceTarget.EMULATED
+
+
 def device() -> torch.device:
-    """The compute device: ``spyre`` on the card, ``cpu`` on the host target."""
+    """The compute device: ``spyre`` on the card path, ``cpu`` on the host target."""
     return torch.device("spyre") if is_spyre() else torch.device("cpu")
+
+
+def compile_backend() -> str | Callable[..., Any]:
+    """What ``torch.compile`` gets as its backend on this target.
+
+    Inductor on the card (torch-spyre registers its code generator for the
+    ``spyre`` device) and on the host; the emulated card's stand-in for
+    torch-spyre's generator on the emulated target.
+    """
+    if is_emulated():
+        from spyre_inference.platform import emulated_card
+
+        return emulated_card.compile_backend
+    return "inductor"
 
 
 def allowed_dtypes(for_target: DeviceTarget | None = None) -> tuple[torch.dtype, ...]:
     """Compute dtypes of a target (default: this process's), the default first."""
-    if (for_target or target()) is DeviceTarget.SPYRE:
+    if (for_target or target()) is not DeviceTarget.CPU:
         return (torch.float16,)
     return (torch.bfloat16, torch.float16, torch.float32)
 

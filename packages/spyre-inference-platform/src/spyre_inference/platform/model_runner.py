@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -18,14 +19,17 @@ from torch import nn
 from vllm.config import CompilationMode, VllmConfig
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.model_executor.model_loader import get_model
+from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.utils import CpuGpuBuffer
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.utils import bind_kv_cache, map_kv_caches_to_kernel_blocks
 
 from spyre_inference.platform import device as dev
 from spyre_inference.platform import settings
 from spyre_inference.platform.block_compile import CompileReport, compile_model
 from spyre_inference.platform.buffers import SpyreCpuGpuBuffer, alias_host_buffers
 from spyre_inference.platform.host_env import cuda_stream_placeholders, neutralize_cuda_runtime
+from spyre_inference.platform.kv_allocation import allocate_device_kv_cache
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.model_wrapper import _SpyreModelWrapper
 from spyre_inference.platform.token_buckets import TokenBuckets
@@ -108,6 +112,48 @@ class TorchSpyreModelRunner(GPUModelRunner):
             inputs_embeds=inputs_embeds,
             **model_kwargs,
         )
+
+    # ---- KV cache --------------------------------------------------------
+
+    def initialize_kv_cache_tensors(
+        self,
+        kv_cache_config: KVCacheConfig,
+        kernel_block_sizes: list[int],
+        kv_cache_allocation_context: AbstractContextManager | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """The KV cache: on the card path it lives on the device.
+
+        vLLM allocates one flat int8 buffer on ``self.device``, which is the
+        host here (the runner's bookkeeping device), and views it per layer.
+        Spec ("Attention Backend"): the cache is one dense tensor per layer *on
+        Spyre*, and the card has no int8 tensors. So the backing buffer is
+        allocated on the device in the cache's float dtype, and vLLM's own
+        per-layer views are taken of its bytes (a reinterpreting view, no int8
+        data). The cpu target keeps vLLM's allocation.
+        """
+        if not dev.is_spyre():
+            return super().initialize_kv_cache_tensors(
+                kv_cache_config, kernel_block_sizes, kv_cache_allocation_context
+            )
+        kv_caches = allocate_device_kv_cache(
+            kv_cache_config,
+            dev.device(),
+            self.kv_cache_dtype,
+            self.cache_config.get_resolved_kv_cache_layout(),
+            kernel_block_sizes,
+        )
+        for layer_name, target_layer_name in self.shared_kv_cache_layers.items():
+            kv_caches[layer_name] = kv_caches[target_layer_name]
+        attn_groups = [g for groups in self.attn_groups for g in groups]
+        bind_kv_cache(
+            kv_caches,
+            self.compilation_config.static_forward_context,
+            self.kv_caches,
+            1,
+            kv_cache_groups=kv_cache_config.kv_cache_groups,
+            layer_kv_caches=map_kv_caches_to_kernel_blocks(kv_caches, attn_groups),
+        )
+        return kv_caches
 
     # ---- shapes ----------------------------------------------------------
 
@@ -231,7 +277,7 @@ def _zero_blocks(t: torch.Tensor, idx: torch.Tensor, num_blocks: int) -> None:
     # ahead of it, depending on the backend's layout).
     for dim, size in enumerate(t.shape):
         if size == num_blocks:
-            t.index_fill_(dim, idx.to(t.device), 0)
+            t.index_fill_(dim, dev.to_device(idx) if t.device != idx.device else idx, 0)
             return
 
 
@@ -243,15 +289,14 @@ def _move_to_device(model: nn.Module) -> None:
     """
     from vllm.model_executor.layers.attention import Attention
 
-    target = dev.device()
     for module in model.modules():
         keep_on_host = isinstance(module, Attention)
         for param in module.parameters(recurse=False):
-            param.data = param.data.to(target)
+            param.data = dev.to_device(param.data)
         for name, buf in list(module.named_buffers(recurse=False)):
             if keep_on_host and "scale" in name:
                 continue
-            module._buffers[name] = buf.to(target)
+            module._buffers[name] = dev.to_device(buf)
 
 
 def refresh_derived_weights(model: torch.nn.Module) -> None:

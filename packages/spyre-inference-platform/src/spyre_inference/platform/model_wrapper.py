@@ -114,9 +114,21 @@ class SettledGuards:
 
 
 class _SpyreModelWrapper:
+    """Converts at the model's call boundary and runs each step under :class:`SettledGuards`.
+
+    The conversions are forward hooks on the model itself (PyTorch's own
+    extension point), so every call of the model crosses the boundary the same
+    way: the runner's steps through this wrapper, and the calls vLLM's runner
+    makes on ``runner.model`` directly (its ``_dummy_run``, used by warm-up).
+    """
+
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.guards = SettledGuards()
+        self._hooks = (
+            model.register_forward_pre_hook(_inputs_to_device, with_kwargs=True),
+            model.register_forward_hook(_output_to_host),
+        )
 
     def __call__(
         self,
@@ -124,17 +136,29 @@ class _SpyreModelWrapper:
         positions: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
-        if input_ids is not None:
-            input_ids = _index_to_device(input_ids)
-        if positions is not None:
-            positions = _index_to_device(positions)
-        out = self.guards.run(
+        return self.guards.run(
             _num_tokens(input_ids, positions, kwargs.get("inputs_embeds")),
             lambda: self.model(input_ids=input_ids, positions=positions, **kwargs),
         )
-        if isinstance(out, torch.Tensor):
-            return dev.to_host(out)
-        return out
+
+
+def _inputs_to_device(
+    module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Token ids and positions (host int32/int64) -> device int64, for the gathers."""
+    args = list(args)
+    for i, name in enumerate(("input_ids", "positions")):
+        if name in kwargs:
+            if kwargs[name] is not None:
+                kwargs[name] = _index_to_device(kwargs[name])
+        elif i < len(args) and args[i] is not None:
+            args[i] = _index_to_device(args[i])
+    return tuple(args), kwargs
+
+
+def _output_to_host(module: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+    """Hidden states -> host (logits indexing and sampling run there)."""
+    return dev.to_host(out) if isinstance(out, torch.Tensor) else out
 
 
 def _num_tokens(

@@ -61,6 +61,12 @@ class TorchSpyrePlatform(Platform):
         # groups, so the name must be a torch device type: "spyre" (registered
         # by torch-spyre) on the card, "cpu" on the host target.
         self.device_name = dev.device().type
+        # vLLM registers its custom ops (attention, MoE, collectives) for this
+        # dispatch key. On the card path they are called with device tensors,
+        # whose key is torch-spyre's PrivateUse1; registered for CPU they would
+        # only be reachable through a backend fallback that hands them host
+        # tensors.
+        self.dispatch_key = "PrivateUse1" if dev.is_spyre() else "CPU"
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
@@ -273,7 +279,7 @@ class TorchSpyrePlatform(Platform):
             names = ", ".join(str(d).removeprefix("torch.") for d in allowed)
             hint = (
                 "The Spyre card computes in float16 only"
-                if target is dev.DeviceTarget.SPYRE
+                if target is not dev.DeviceTarget.CPU
                 else "The cpu target computes in bfloat16 (default), float16 or float32"
             )
             raise ConfigError(

@@ -83,8 +83,18 @@ SETTINGS: tuple[Setting, ...] = (
         "Which device the plugin computes on. `auto` picks `spyre` when torch-spyre "
         "imports and a card is present, else `cpu`; `spyre` fails at start-up "
         "without a card; `cpu` forces the host target (same layouts, bucketing "
-        "and compilation, computed on the CPU).",
-        choices=("auto", "spyre", "cpu"),
+        "and compilation, computed on the CPU); `emulated` runs the spyre target's "
+        "code path on an emulated card in host memory (float16, a device type of "
+        "its own that refuses to mix with host tensors; never chosen by `auto`).",
+        choices=("auto", "spyre", "cpu", "emulated"),
+    ),
+    Setting(
+        "SPYRE_EMULATED_DEVICE_MEMORY_GB",
+        "4",
+        "emulated target: the emulated card's device memory in GiB. Allocations are "
+        "charged against it and the KV budget is computed from it, as on a card; it "
+        "lives in host RAM, so keep it below the host's free memory.",
+        parse=float,
     ),
     Setting(
         "SPYRE_COMPILE_GRANULARITY",

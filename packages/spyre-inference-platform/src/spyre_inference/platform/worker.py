@@ -72,7 +72,7 @@ class TorchSpyreWorker(Worker):
         from spyre_inference.platform.platform import TorchSpyrePlatform
 
         TorchSpyrePlatform.check_if_supports_dtype(self.model_config.dtype)
-        if dev.is_spyre():
+        if dev.has_card():
             # torch-spyre's collective library reads the rank environment when
             # it loads; set it before the process group is created.
             from spyre_inference.platform.distributed_env import export_rank_env
@@ -86,7 +86,7 @@ class TorchSpyreWorker(Worker):
             # Spec, "Distributed (TP)": on a card the group is multi-backend
             # (gloo for host tensors, spyreccl for device tensors); on the cpu
             # target gloo serves both halves.
-            "cpu:gloo,spyre:spyreccl" if dev.is_spyre() else "gloo",
+            "cpu:gloo,spyre:spyreccl" if dev.has_card() else "gloo",
         )
         set_random_seed(self.model_config.seed)
         logger.info(
@@ -104,7 +104,7 @@ class TorchSpyreWorker(Worker):
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         super().load_model(*args, **kwargs)
-        if not dev.is_spyre():
+        if not dev.has_card():
             # vLLM drops torch to one intra-op thread for serving because on
             # a GPU no host op benefits from more. On the cpu target the host
             # *is* the compute device: give each worker its share of the cores

@@ -33,13 +33,10 @@ from typing import Any
 
 import torch
 
+from spyre_inference.platform.block_compile import compile_kwargs
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
-
-#: What ``torch.compile`` gets for every attention graph (spec: Inductor,
-#: whole graph, static shapes).
-COMPILE_KWARGS: dict[str, Any] = {"backend": "inductor", "fullgraph": True, "dynamic": False}
 
 
 @dataclasses.dataclass
@@ -155,7 +152,7 @@ class KernelFamily:
             variant = self._variants.get(key)
             if variant is None:
                 tag = str(len(self._variants))
-                variant = torch.compile(_fresh_copy(self.fn, tag), **COMPILE_KWARGS)
+                variant = torch.compile(_fresh_copy(self.fn, tag), **compile_kwargs())
                 self._variants[key] = variant
         recorded = is_recording()
         if not recorded and _warm_up_recorded:
@@ -207,7 +204,7 @@ def spyre_core_cap() -> contextlib.AbstractContextManager[Any]:
     from spyre_inference.platform import device as placement
     from spyre_inference.platform import settings
 
-    if not placement.is_spyre():
+    if not placement.has_card():
         return contextlib.nullcontext()
     cores = settings.get("SPYRE_ATTN_MAX_CORES")
     try:

@@ -155,9 +155,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """
     from spyre_inference.platform import device
 
-    if device.target() is device.DeviceTarget.SPYRE:
+    if device.has_card():
         return
-    skip = pytest.mark.skip(reason="needs a Spyre card (running on the cpu target)")
+    skip = pytest.mark.skip(
+        reason=f"needs a Spyre card (running on the {device.target().value} target)"
+    )
     for item in items:
         if item.get_closest_marker("spyre") is not None:
             item.add_marker(skip)
