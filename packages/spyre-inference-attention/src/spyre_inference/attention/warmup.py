@@ -36,6 +36,7 @@ from vllm.v1.attention.backend import CommonAttentionMetadata
 from spyre_inference.attention import policy
 from spyre_inference.attention.bucketing import EncoderBucketer, cdiv, lower_bound
 from spyre_inference.attention.ops import compiled
+from spyre_inference.platform import device as placement
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
@@ -180,7 +181,10 @@ def _encoder_steps(runner: Any, group: Any, impl: Any) -> list[_Step]:
     builder = group.get_metadata_builder()
     bucketer = builder.bucketer
     dtype = runner.vllm_config.model_config.dtype
-    device = None
+    # The encoder's Q/K/V come from the device in serving; warm-up inputs must
+    # too, or (the variant key holds the device type) every served variant on
+    # the card would compile on first use.
+    device = placement.device()
     steps: list[_Step] = []
 
     def attend(seq_lens: list[int]) -> None:

@@ -146,6 +146,25 @@ def compile_backend() -> str | Callable[..., Any]:
     return "inductor"
 
 
+def device_memory_info() -> tuple[int, int]:
+    """(free, total) bytes of the card's memory (card path only).
+
+    The emulated card reports its own accounting; a real card is asked
+    through torch-spyre's device module, as ``torch.cuda.mem_get_info``.
+    """
+    if not is_spyre():
+        raise RuntimeError("device_memory_info() is for the card path; the cpu target is the host")
+    module = getattr(torch, "spyre", None)
+    info = getattr(module, "mem_get_info", None)
+    if info is None:
+        raise RuntimeError(
+            "torch-spyre does not report the card's memory (torch.spyre.mem_get_info); "
+            "pass --kv-cache-memory-bytes to size the KV cache"
+        )
+    free, total = info()
+    return int(free), int(total)
+
+
 def allowed_dtypes(for_target: DeviceTarget | None = None) -> tuple[torch.dtype, ...]:
     """Compute dtypes of a target (default: this process's), the default first."""
     if (for_target or target()) is not DeviceTarget.CPU:

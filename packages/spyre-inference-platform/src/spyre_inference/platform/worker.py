@@ -111,7 +111,7 @@ class TorchSpyreWorker(Worker):
             # (before warm-up, so Dynamo's thread-count guards stay valid).
             threads = host_threads(self.parallel_config.world_size)
             torch.set_num_threads(threads)
-            logger.info("cpu target: %d torch threads for compute", threads)
+            logger.info("%d torch threads for host compute", threads)
 
     def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
         # cumem pools are a CUDA allocator feature (sleep mode); not here.
@@ -131,6 +131,8 @@ class TorchSpyreWorker(Worker):
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit:
             return int(explicit)
+        if dev.is_spyre():
+            return self._device_kv_budget()
         vm = psutil.virtual_memory()
         rss = psutil.Process().memory_info().rss
         budget = int(vm.total * self.cache_config.gpu_memory_utilization) - rss
@@ -151,6 +153,32 @@ class TorchSpyreWorker(Worker):
             rss / GiB,
         )
         return kv_bytes
+
+    def _device_kv_budget(self) -> int:
+        """The card path: ``gpu_memory_utilization`` of the *device's* memory.
+
+        As vLLM does on a GPU: the share of the card's memory the user grants,
+        minus what the model and warm-up already hold on it. Host RAM says
+        nothing about the card.
+        """
+        free, total = dev.device_memory_info()
+        in_use = total - free
+        budget = int(total * self.cache_config.gpu_memory_utilization) - in_use
+        if budget <= 0:
+            raise ValueError(
+                f"No device memory left for the KV cache: {in_use / GiB:.2f} GiB of the "
+                f"card's {total / GiB:.2f} GiB are in use and gpu_memory_utilization="
+                f"{self.cache_config.gpu_memory_utilization} grants "
+                f"{total * self.cache_config.gpu_memory_utilization / GiB:.2f} GiB. Raise "
+                "--gpu-memory-utilization or pass --kv-cache-memory-bytes."
+            )
+        logger.info(
+            "KV cache budget %.3f GiB (device %.2f GiB, in use %.3f GiB)",
+            budget / GiB,
+            total / GiB,
+            in_use / GiB,
+        )
+        return budget
 
     def _bytes_for_full_batch(self) -> int:
         specs = self.model_runner.get_kv_cache_spec()

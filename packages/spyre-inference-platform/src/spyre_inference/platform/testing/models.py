@@ -172,6 +172,23 @@ KINDS: dict[str, TinyModelKind] = {
             "attn_logit_softcapping": None,
         },
     ),
+    "gemma2": TinyModelKind(
+        "gemma2",
+        "Gemma2ForCausalLM",
+        "decoder",
+        {
+            **_DECODER_COMMON,
+            "tie_word_embeddings": True,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "query_pre_attn_scalar": 32,
+            # layer_types (sliding on even layers) is filled in by the builder.
+            "sliding_window": 48,
+            "rope_parameters": _rope(10000.0),
+            # Gemma 2's own caps: both HF and vLLM apply them.
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+        },
+    ),
     "mixtral": TinyModelKind(
         "mixtral",
         "MixtralForCausalLM",
@@ -247,7 +264,7 @@ def _config_kwargs(spec: TinyModelKind, overrides: Mapping[str, Any]) -> dict[st
             raise ValueError(f"hidden_size {kwargs['hidden_size']} is not divisible by {heads}")
     if not spec.is_decoder:
         kwargs.pop("num_key_value_heads", None)
-    if spec.model_type == "gemma3_text" and "layer_types" not in overrides:
+    if spec.model_type in ("gemma2", "gemma3_text") and "layer_types" not in overrides:
         # Gemma 3 itself uses 5 sliding : 1 full; with 2-4 layers alternate so
         # that both kinds are present.
         kwargs["layer_types"] = [
@@ -280,7 +297,7 @@ _TIED_EMBEDDING_SCALE = 0.03
 
 def _input_embedding_scale(config: Any, spec: TinyModelKind) -> float:
     """The factor the model multiplies token embeddings by before the first layer."""
-    if spec.model_type == "gemma3_text":
+    if spec.model_type in ("gemma2", "gemma3_text"):
         return math.sqrt(config.hidden_size)
     if spec.model_type == "granite":
         return float(config.embedding_multiplier)
@@ -355,7 +372,7 @@ def build_tiny_model(
 ) -> Path:
     """Build a tiny random model of ``kind`` and save it, with the tokenizer, in ``out_dir``.
 
-    ``kind`` is one of :data:`KINDS` (llama, granite, qwen3, gemma3, mixtral,
+    ``kind`` is one of :data:`KINDS` (llama, granite, qwen3, gemma2, gemma3, mixtral,
     qwen3_moe, bert, roberta). ``overrides`` are HF config fields
     (``num_hidden_layers=3``, ``head_dim=32``, ``intermediate_size=200``,
     ``num_key_value_heads=1``, ``sliding_window=...``), plus ``rope_theta=``

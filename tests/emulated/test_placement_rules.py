@@ -1,0 +1,94 @@
+"""The emulated card's placement rules, one test per rule (no engine).
+
+Each rule is one the card imposes and the cpu target cannot see: host and
+device are different memories, the card has no bool / small-integer tensors,
+device memory is finite, and every transfer is counted where it happens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spyre_inference.platform import device as dev
+from spyre_inference.platform import emulated_card
+
+
+def test_mixing_host_and_device_tensors_raises() -> None:
+    d = dev.to_device(torch.ones(4, 64, dtype=torch.float16))
+    h = torch.ones(4, 64, dtype=torch.float16)
+    assert d.device.type == "spyre"
+    with pytest.raises(RuntimeError, match="spyre"):
+        d + h
+    with pytest.raises(RuntimeError, match="spyre"):
+        torch.matmul(h, d.T)
+    # Gathers too: an index on the wrong side is a placement bug.
+    with pytest.raises(RuntimeError, match="mixes device"):
+        d.index_select(0, torch.tensor([1, 2]))
+
+
+def test_lm_head_with_host_hidden_states_raises() -> None:
+    """Issue 22, bug 2: the LM head's weight is on the device; host hidden states must move."""
+    from spyre_inference.ops.transposed_weight import spyre_linear_t
+
+    weight_t = dev.to_device(torch.randn(64, 128, dtype=torch.float16))
+    hidden = torch.randn(3, 64, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="spyre"):
+        spyre_linear_t(hidden, weight_t, None, None)
+    logits = spyre_linear_t(dev.to_device(hidden), weight_t, None, None)
+    assert logits.device.type == "spyre"
+    torch.testing.assert_close(dev.to_host(logits).float(), hidden.float() @ weight_t.cpu().float(),
+                               rtol=2e-3, atol=2e-3)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.int8, torch.uint8, torch.int16])
+def test_bool_and_small_int_tensors_cannot_be_placed(dtype: torch.dtype) -> None:
+    with pytest.raises(RuntimeError, match=r"no \w+ support"):
+        torch.zeros(4, dtype=dtype, device="spyre")
+    with pytest.raises(RuntimeError, match=r"no \w+ support"):
+        torch.zeros(4, dtype=dtype).to("spyre")
+
+
+def test_device_cannot_produce_a_bool_mask() -> None:
+    """Spec (encoder backend): the mask is built on the host, the card cannot produce it."""
+    d = dev.to_device(torch.randn(8, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match="Bool"):
+        d.gt(0)
+
+
+def test_index_tensors_of_the_spec_are_allowed() -> None:
+    """int64 gather indices (embedding, RoPE) and the int32 page index live on the card."""
+    table = dev.to_device(torch.randn(10, 64, dtype=torch.float16))
+    for dtype in (torch.int64, torch.int32):
+        idx = dev.to_device(torch.tensor([3, 1], dtype=dtype))
+        assert torch.equal(dev.to_host(table[idx]), table.cpu()[torch.tensor([3, 1])])
+
+
+def test_every_copy_is_counted_by_the_device() -> None:
+    h2d, d2h = emulated_card.transfer_counts()
+    d = torch.ones(8, dtype=torch.float16).to("spyre")
+    d.cpu()
+    d.cpu()
+    assert emulated_card.transfer_counts() == (h2d + 1, d2h + 2)
+
+
+def test_device_memory_is_finite() -> None:
+    stats = emulated_card.memory_stats()
+    free, total = dev.device_memory_info()
+    assert total == stats.capacity > 0 and free <= total
+    too_big = (stats.capacity - stats.in_use) // 2 + 1024
+    with pytest.raises(torch.OutOfMemoryError, match="out of device memory"):
+        torch.empty(too_big, dtype=torch.float16, device="spyre")
+
+
+def test_compiled_graph_mixing_devices_fails_when_traced() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x * 2 + y
+
+    compiled = torch.compile(f, backend=dev.compile_backend(), fullgraph=True, dynamic=False)
+    x = dev.to_device(torch.randn(4, 64, dtype=torch.float16))
+    out = compiled(x, x)
+    assert out.device.type == "spyre"
+    torch.testing.assert_close(dev.to_host(out), x.cpu() * 3)
+    with pytest.raises(Exception, match="spyre"):
+        compiled(x, torch.randn(4, 64, dtype=torch.float16))
