@@ -116,19 +116,22 @@ class SettledGuards:
 class _SpyreModelWrapper:
     """Converts at the model's call boundary and runs each step under :class:`SettledGuards`.
 
-    The conversions are forward hooks on the model itself (PyTorch's own
-    extension point), so every call of the model crosses the boundary the same
-    way: the runner's steps through this wrapper, and the calls vLLM's runner
-    makes on ``runner.model`` directly (its ``_dummy_run``, used by warm-up).
+    On the card path the conversions are forward hooks on the model itself
+    (PyTorch's own extension point), so every call of the model crosses the
+    boundary the same way: the runner's steps through this wrapper and the
+    calls vLLM's runner makes on ``runner.model`` directly (its
+    ``_dummy_run``, which warm-up uses). On the cpu target the conversions
+    only count (the card's copies, a cost proxy) and stay in this call, out of
+    reach of a whole-model compile.
     """
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.guards = SettledGuards()
-        self._hooks = (
-            model.register_forward_pre_hook(_inputs_to_device, with_kwargs=True),
-            model.register_forward_hook(_output_to_host),
-        )
+        self._hooked = dev.is_spyre()
+        if self._hooked:
+            model.register_forward_pre_hook(_inputs_to_device, with_kwargs=True)
+            model.register_forward_hook(_output_to_host)
 
     def __call__(
         self,
@@ -136,10 +139,21 @@ class _SpyreModelWrapper:
         positions: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> Any:
-        return self.guards.run(
-            _num_tokens(input_ids, positions, kwargs.get("inputs_embeds")),
+        num_tokens = _num_tokens(input_ids, positions, kwargs.get("inputs_embeds"))
+        if self._hooked:
+            return self.guards.run(
+                num_tokens,
+                lambda: self.model(input_ids=input_ids, positions=positions, **kwargs),
+            )
+        if input_ids is not None:
+            input_ids = _index_to_device(input_ids)
+        if positions is not None:
+            positions = _index_to_device(positions)
+        out = self.guards.run(
+            num_tokens,
             lambda: self.model(input_ids=input_ids, positions=positions, **kwargs),
         )
+        return _output_to_host(self.model, (), out)
 
 
 def _inputs_to_device(
