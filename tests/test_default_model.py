@@ -50,6 +50,16 @@ def test_prepared_checkpoint(default_model: Path) -> None:
     assert not leftovers
 
 
+def test_vllm_applies_the_model_cards_sampling_defaults(default_model: Path) -> None:
+    """SmolLM2's card: temperature 0.2, top_p 0.9, read by vLLM's own config code as
+    the defaults of requests that do not set them (``--generation-config auto``)."""
+    from vllm.config import ModelConfig
+
+    defaults = ModelConfig(model=str(default_model)).get_diff_sampling_param()
+    assert defaults["temperature"] == pytest.approx(0.2)
+    assert defaults["top_p"] == pytest.approx(0.9)
+
+
 def test_second_run_is_a_quick_no_op(default_model: Path) -> None:
     weights = default_model / "model.safetensors"
     before = weights.stat().st_mtime_ns

@@ -113,6 +113,7 @@ def test_block_size_default_and_rounding(tiny_llama) -> None:
 #: spyre_inference.platform.settings without one here fails the test below.
 INVALID_SETTING_VALUES = {
     "SPYRE_DEVICE_TARGET": "gpu",
+    "SPYRE_EMULATED_DEVICE_MEMORY_GB": "-2",
     "SPYRE_COMPILE_GRANULARITY": "layer",
     "SPYRE_NUM_TOKENS_BUCKETS": "16,big",
     "SPYRE_SETTLED_GUARDS": "sometimes",

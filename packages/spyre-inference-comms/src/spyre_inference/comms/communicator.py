@@ -42,6 +42,7 @@ from vllm.distributed.device_communicators.base_device_communicator import (
 )
 
 from spyre_inference.platform import device as dev
+from spyre_inference.platform import emulated_card
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
@@ -107,7 +108,8 @@ class SpyreCommunicator(DeviceCommunicatorBase):
             # GroupCoordinator always passes one; a bare construction (tests,
             # tools) gets the gloo group, which serves host tensors.
             self.device_group = cpu_group
-        if dev.is_spyre():
+        self._emulated = dev.is_emulated()
+        if dev.has_card():
             self.device_group = self._spyre_device_group(self.device_group)
         backends = device_backend_map(group_backend(self.device_group))
         # Host tensors go through a gloo group: the device group itself when
@@ -163,9 +165,22 @@ class SpyreCommunicator(DeviceCommunicatorBase):
         Dynamo records them as graph nodes and Inductor (or torch-spyre)
         schedules the wait.
         """
+        if self._emulated_eager(input_):
+            return emulated_card.device_view(self.all_reduce(emulated_card.host_view(input_)))
         name = self._group_name_for(input_)
         out = torch.ops._c10d_functional.all_reduce(input_, "sum", name)
         return torch.ops._c10d_functional.wait_tensor(out)
+
+    def _emulated_eager(self, tensor: torch.Tensor) -> bool:
+        """An eager collective of an emulated card's tensor (the spyreccl stand-in).
+
+        On a card spyreccl reads device memory; on the emulated card gloo runs
+        the collective on zero-copy host views of it (in compiled graphs the
+        emulated compiler already computes on host views).
+        """
+        return (
+            self._emulated and tensor.device.type == "spyre" and not torch.compiler.is_compiling()
+        )
 
     def all_gather(self, input_: torch.Tensor, dim: int = -1) -> torch.Tensor:
         """Concatenate every rank's ``input_`` along ``dim``, in rank order."""
@@ -181,6 +196,9 @@ class SpyreCommunicator(DeviceCommunicatorBase):
             out = torch.ops._c10d_functional.wait_tensor(out)
             out = out.reshape((self.world_size, *size)).movedim(0, dim)
             return out.reshape((*size[:dim], self.world_size * size[dim], *size[dim + 1 :]))
+        if self._emulated_eager(input_):
+            host = self.all_gather(emulated_card.host_view(input_), dim)
+            return emulated_card.device_view(host)
         # Eager: list-form all_gather, the one spyreccl implements natively.
         input_ = input_.contiguous()
         parts = [torch.empty_like(input_) for _ in range(self.world_size)]

@@ -113,16 +113,23 @@ def target() -> DeviceTarget:
     return target_choice().target
 
 
+# The target queries below are constants of the process. Marked so for Dynamo:
+# code it traces (a collective inside a block graph, a forward hook) then gets
+# the answer instead of tracing into the cached first-call decision (which
+# imports, builds and logs).
+@torch._dynamo.assume_constant_result
 def is_spyre() -> bool:
     """Whether this process runs the card's code path (a card or the emulated one)."""
     return target() is not DeviceTarget.CPU
 
 
+@torch._dynamo.assume_constant_result
 def has_card() -> bool:
     """Whether a real Spyre card (torch-spyre's runtime) is behind the device."""
     return target() is DeviceTarget.SPYRE
 
 
+@torch._dynamo.assume_constant_result
 def is_emulated() -> bool:
     return target() is DeviceTarget.EMULATED
 
@@ -149,17 +156,23 @@ def compile_backend() -> str | Callable[..., Any]:
 def device_memory_info() -> tuple[int, int]:
     """(free, total) bytes of the card's memory (card path only).
 
-    The emulated card reports its own accounting; a real card is asked
-    through torch-spyre's device module, as ``torch.cuda.mem_get_info``.
+    Asked through ``torch.accelerator`` (the device's allocator; the emulated
+    card's reports its own accounting), else torch-spyre's device module as
+    ``torch.cuda.mem_get_info``.
     """
     if not is_spyre():
         raise RuntimeError("device_memory_info() is for the card path; the cpu target is the host")
-    module = getattr(torch, "spyre", None)
-    info = getattr(module, "mem_get_info", None)
+    try:
+        free, total = torch.accelerator.get_memory_info()
+        return int(free), int(total)
+    except (RuntimeError, NotImplementedError):
+        pass
+    info = getattr(getattr(torch, "spyre", None), "mem_get_info", None)
     if info is None:
         raise RuntimeError(
-            "torch-spyre does not report the card's memory (torch.spyre.mem_get_info); "
-            "pass --kv-cache-memory-bytes to size the KV cache"
+            "torch-spyre does not report the card's memory (torch.accelerator."
+            "get_memory_info, torch.spyre.mem_get_info); pass --kv-cache-memory-bytes "
+            "to size the KV cache"
         )
     free, total = info()
     return int(free), int(total)

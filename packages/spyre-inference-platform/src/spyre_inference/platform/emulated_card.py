@@ -207,7 +207,9 @@ def _custom_op_schema(target: Any) -> torch._C.FunctionSchema | None:
         target = getattr(target, "default" if "default" in overloads else overloads[0])
     if not isinstance(target, torch._ops.OpOverload):
         return None
-    if target.namespace in ("aten", "prims", "spyre_emulated"):
+    # Functional collectives stay in the host graph: there gloo runs them on
+    # the host views, the stand-in for the card's in-graph collectives.
+    if target.namespace in ("aten", "prims", "spyre_emulated", "_c10d_functional"):
         return None
     return target._schema
 
@@ -224,6 +226,20 @@ def _to_host(t: Any) -> Any:
 def _on_device(t: Any) -> Any:
     """A zero-copy device view of a host tensor (anything else unchanged)."""
     return install().device_view(t) if isinstance(t, torch.Tensor) and t.device.type == "cpu" else t
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """The host tensor over a device tensor's bytes (no copy, not a transfer).
+
+    For stand-ins of the card's own libraries (its collectives), which read
+    device memory directly on a card.
+    """
+    return _to_host(t)
+
+
+def device_view(t: torch.Tensor) -> torch.Tensor:
+    """The device tensor over a host tensor's bytes (no copy, not a transfer)."""
+    return _on_device(t)
 
 
 # The compiled host graph hands an opaque custom op its operands on the device
@@ -360,6 +376,8 @@ __all__ = [
     "DEVICE_NAME",
     "MemoryStats",
     "compile_backend",
+    "device_view",
+    "host_view",
     "install",
     "memory_stats",
     "reset_counters",

@@ -219,14 +219,6 @@ class TorchSpyrePlatform(Platform):
                 f"pipeline_parallel_size={parallel.pipeline_parallel_size} is not supported "
                 "by spyre-inference; use --tensor-parallel-size instead."
             )
-        if parallel.tensor_parallel_size > 1 and dev.is_emulated():
-            # The card's collectives (spyreccl) have no emulated counterpart
-            # yet, and gloo cannot read the emulated device's tensors.
-            raise ConfigError(
-                f"tensor_parallel_size={parallel.tensor_parallel_size} is not supported on "
-                "the emulated target yet; use --tensor-parallel-size 1 there, or "
-                "SPYRE_DEVICE_TARGET=cpu for tensor parallelism."
-            )
         # Fail here, in the process the user started, rather than in an
         # engine subprocess whose traceback only reaches the log.
         startup_checks.check_head_size(vllm_config)

@@ -60,6 +60,13 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+def _positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0:
+        raise ValueError("must be a positive number")
+    return value
+
+
 def _int_list(raw: str) -> tuple[int, ...]:
     """Comma-separated positive integers, '' meaning "derive from the config"."""
     if not raw:
@@ -94,7 +101,7 @@ SETTINGS: tuple[Setting, ...] = (
         "emulated target: the emulated card's device memory in GiB. Allocations are "
         "charged against it and the KV budget is computed from it, as on a card; it "
         "lives in host RAM, so keep it below the host's free memory.",
-        parse=float,
+        parse=_positive_float,
     ),
     Setting(
         "SPYRE_COMPILE_GRANULARITY",

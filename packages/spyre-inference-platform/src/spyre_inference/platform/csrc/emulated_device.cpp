@@ -22,6 +22,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/as_strided_native.h>
+#include <c10/core/CachingDeviceAllocator.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -65,7 +66,10 @@ void release_block(void* ctx) {
   delete block;
 }
 
-struct EmulatedAllocator final : at::Allocator {
+// A DeviceAllocator (not a bare Allocator): torch.accelerator's memory calls
+// (empty_cache, memory stats, get_memory_info), which vLLM makes on its
+// accelerator, reach the device's own accounting.
+struct EmulatedAllocator final : c10::DeviceAllocator {
   at::DataPtr allocate(size_t nbytes) override {
     charge(static_cast<int64_t>(nbytes));
     void* ptr = nullptr;
@@ -83,6 +87,25 @@ struct EmulatedAllocator final : at::Allocator {
   at::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
+  }
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}  // no cache: every block is freed at once
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}  // one synchronous stream
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override {
+    c10::CachingDeviceAllocator::DeviceStats stats;
+    constexpr auto all = static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE);
+    for (auto* stat : {&stats.allocated_bytes[all], &stats.reserved_bytes[all]}) {
+      stat->current = g_in_use.load();
+      stat->peak = g_peak.load();
+    }
+    return stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex) override {}
+  void resetPeakStats(c10::DeviceIndex) override { g_peak = g_in_use.load(); }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex) override {
+    const int64_t cap = g_capacity.load();
+    const int64_t used = g_in_use.load();
+    return {static_cast<size_t>(cap > used ? cap - used : 0), static_cast<size_t>(cap)};
   }
 };
 EmulatedAllocator g_allocator;
