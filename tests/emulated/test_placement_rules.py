@@ -92,3 +92,28 @@ def test_compiled_graph_mixing_devices_fails_when_traced() -> None:
     torch.testing.assert_close(dev.to_host(out), x.cpu() * 3)
     with pytest.raises(Exception, match="spyre"):
         compiled(x, torch.randn(4, 64, dtype=torch.float16))
+
+
+def test_compiled_graph_keeps_static_shapes_through_reshapes() -> None:
+    """A compiled graph's shapes stay static on the emulated card (dynamic=False).
+
+    Regression: the backend handed Inductor host views that Dynamo had no shape
+    record for, so they were re-traced with sourceless symbolic sizes and the
+    first reshape guard failed at guard building (CI: the page-attention graph).
+    """
+    from spyre_inference.platform.block_compile import compile_kwargs
+
+    def scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        flat_k = k.view(k.shape[0] * k.shape[1], k.shape[2])
+        return (q.reshape(-1, 64) @ flat_k.t()).reshape(q.shape[0], -1).softmax(-1)
+
+    # These sizes are the ones that failed: duck sizing gave 64 one symbol, so
+    # the reshape's guard reduced to a single sourceless symbol.
+    q = torch.randn(8, 4, 64, dtype=torch.float16) / 8
+    k = torch.randn(512, 64, 64, dtype=torch.float16)
+    torch._dynamo.reset()
+    compiled = torch.compile(scores, **compile_kwargs())
+    out = compiled(dev.to_device(q), dev.to_device(k))
+    assert out.device.type == "spyre"
+    torch.testing.assert_close(dev.to_host(out).float(), scores(q.float(), k.float()),
+                               rtol=2e-3, atol=2e-3)  # fmt: skip

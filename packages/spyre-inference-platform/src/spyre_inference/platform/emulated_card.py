@@ -350,12 +350,31 @@ def _host_graph(gm: torch.fx.GraphModule) -> list[bool]:
     return [_traced_on_device(item) for item in flat]
 
 
+def _host_example(x: Any) -> Any:
+    """The host view of one of Dynamo's example inputs, with the input's shape context.
+
+    Dynamo hands the backend the real input tensors and records, per tensor,
+    how its sizes were traced (static here: ``dynamic=False``); Inductor looks
+    each input up there when it fakes it. A host view is a new tensor with no
+    record, so AOTAutograd would fake it with fresh sourceless symbolic sizes,
+    and the first guard a view or reshape puts on them fails at guard building
+    ("sources must not be empty for symbol s26", or IndexError in
+    produce_guards; seen in CI on the page-attention graph). The view inherits
+    the device tensor's record.
+    """
+    host = _to_host(x)
+    context = torch._guards.TracingContext.try_get()
+    if host is not x and context is not None and x in context.tensor_to_context:
+        context.tensor_to_context[host] = context.tensor_to_context[x]
+    return host
+
+
 def compile_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable:
     """torch-spyre's Inductor backend stand-in (see the module docstring)."""
     from torch._inductor.compile_fx import compile_fx
 
     on_device = _host_graph(gm)
-    host_inputs = [_to_host(x) for x in example_inputs]
+    host_inputs = [_host_example(x) for x in example_inputs]
     # Inductor's on-disk cache keys on the graph, not on this module's custom
     # ops and rewrite: tag the key with their source so an edit never loads a
     # graph compiled by an older stand-in.
