@@ -218,12 +218,11 @@ def test_forced_cpu_isa_is_used_or_refused_at_start_up(tiny_llama, monkeypatch, 
 @pytest.mark.parametrize(
     ("option", "expected"),
     [
-        ({"enable_lora": True}, r"LoRA \(--enable-lora / enable_lora=True\) is not supported"),
         ({"quantization": "fp8"}, r"quantization='fp8' .*serve an unquantized"),
         # Refused by vLLM's own check (the platform reports sleep mode unavailable).
         ({"enable_sleep_mode": True}, r"Sleep mode is not supported on current platform"),
     ],
-    ids=["lora", "fp8", "sleep"],
+    ids=["fp8", "sleep"],
 )
 def test_unsupported_engine_option_is_refused_at_start_up(tiny_llama, option, expected) -> None:
     """Each fails in the user's process, naming the option and what to do (before
@@ -241,6 +240,12 @@ def test_draft_model_speculation_is_refused_at_start_up(tiny_llama) -> None:
     )
     with pytest.raises(ValueError, match=expected):
         _config(tiny_llama, speculative_config=spec)
+
+
+def test_lora_passes_the_start_up_checks_on_the_cpu_target(tiny_llama) -> None:
+    """LoRA is served on the cpu target (tests/test_lora.py); the card path refuses it."""
+    config = _config(tiny_llama, enable_lora=True, max_lora_rank=8)
+    assert config.lora_config is not None
 
 
 def test_ngram_speculation_passes_the_start_up_checks(tiny_llama) -> None:

@@ -91,6 +91,12 @@ def test_gemma2_float16_is_refused_before_the_engine(tiny_model_factory) -> None
         LLM(str(model), **ENGINE)
 
 
+def test_lora_is_refused_on_the_card_path_before_the_engine(tiny_llama) -> None:
+    """vLLM's punica kernels are host code: the card path refuses LoRA by name."""
+    with pytest.raises(ValueError, match=r"LoRA \(--enable-lora / enable_lora=True\)"):
+        LLM(str(tiny_llama), enable_lora=True, max_lora_rank=8, **ENGINE)
+
+
 def test_minilm_embeddings_match_sentence_transformers(in_process, monkeypatch) -> None:
     sys.path.insert(0, str(Path(__file__).parents[2] / "packages/spyre-inference-models/tests"))
     from minilm_data import SENTENCES, minilm_path, reference_embeddings

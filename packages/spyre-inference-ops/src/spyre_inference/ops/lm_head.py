@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     ParallelLMHead,
@@ -57,6 +58,23 @@ class SpyreParallelLMHead(ParallelLMHead):
         # method instead of the embedding one: both are unquantized weights.
         if type(self.quant_method) in (UnquantizedEmbeddingMethod, UnquantizedLinearMethod):
             self.quant_method = SpyreUnquantizedLMHeadMethod()
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The ``[vocab_padded, hidden]`` weight: the loaded parameter, or after load
+        a view of ``padded_weight_t`` (no copy).
+
+        The load drops the parameter for its transposed copy, but vLLM's LoRA
+        wrapper of the logits processor (``from_layer_logits_processor``) reads
+        ``lm_head.weight`` for the dtype and device of its adapter buffers.
+        """
+        params = self.__dict__["_parameters"]
+        if "weight" in params:
+            return params["weight"]
+        weight_t = getattr(self, SpyreUnquantizedLMHeadMethod.WEIGHT_T_ATTR, None)
+        if weight_t is None:
+            raise AttributeError(f"{type(self).__name__} has no weight before it is created")
+        return weight_t.t()
 
 
 __all__ = ["LM_HEAD_ROW_ALIGN", "SpyreParallelLMHead", "SpyreUnquantizedLMHeadMethod"]

@@ -14,10 +14,12 @@ import time
 from contextlib import AbstractContextManager
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from vllm.config import CompilationMode, VllmConfig
 from vllm.distributed.parallel_state import get_pp_group
+from vllm.lora.layers import LoRAMappingType
 from vllm.model_executor.model_loader import get_model
 from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.utils import CpuGpuBuffer
@@ -73,6 +75,11 @@ class TorchSpyreModelRunner(GPUModelRunner):
         # Layers' process_weights_after_loading (transposes, padding) runs
         # inside get_model, while the weights are still on the host.
         model = get_model(vllm_config=self.vllm_config)
+        if self.lora_config:
+            # vLLM's LoRA layers wrap the swapped linears (LoRA's layer match
+            # resolves out-of-tree classes) and add the adapters through the
+            # platform's punica wrapper, before the blocks are compiled.
+            model = self.load_lora_model(model, self.vllm_config, self.device)
         if dev.is_spyre():
             _move_to_device(model)
         self.model = model
@@ -167,6 +174,34 @@ class TorchSpyreModelRunner(GPUModelRunner):
             desc = dataclasses.replace(desc, num_tokens=self.token_buckets.pad(num_tokens))
         return mode, desc, ubatch, across_dp, stats
 
+    def set_active_loras(
+        self,
+        input_batch: Any,
+        num_scheduled_tokens: np.ndarray,
+        num_sampled_tokens: np.ndarray | None = None,
+        mapping_type: LoRAMappingType = LoRAMappingType.LANGUAGE,
+    ) -> None:
+        """vLLM's per-token adapter mapping, extended over the bucket's padding rows.
+
+        vLLM maps exactly the scheduled tokens, but a compiled step runs at its
+        num_tokens bucket, and the LoRA layers (the host punica wrapper's
+        segment ops) need one mapping entry per row they see: the padding rows
+        get adapter id 0, no adapter.
+        """
+        scheduled = int(num_scheduled_tokens.sum())
+        pad = (self.token_buckets.pad(scheduled) if self.compiled else scheduled) - scheduled
+        if pad <= 0:
+            super().set_active_loras(
+                input_batch, num_scheduled_tokens, num_sampled_tokens, mapping_type
+            )
+            return
+        if num_sampled_tokens is None:
+            num_sampled_tokens = np.ones_like(num_scheduled_tokens, dtype=np.int32)
+        prompt_mapping, token_mapping, requests = input_batch.make_lora_inputs(
+            num_scheduled_tokens, num_sampled_tokens
+        )
+        self._set_active_loras(prompt_mapping, token_mapping + (0,) * pad, requests, mapping_type)
+
     def warm_up(self) -> None:
         """Compile everything serving can reach, so no request pays a compile.
 
@@ -199,12 +234,16 @@ class TorchSpyreModelRunner(GPUModelRunner):
         # vLLM compiles its logprobs helper whatever the compilation mode; do
         # it now rather than on the first request that asks for logprobs.
         if not self.is_pooling_model and get_pp_group().is_last_rank:
-            seconds = warm_up_logprobs(
-                self.model.compute_logits,
-                self.model_config.get_hidden_size(),
-                self.model_config.dtype,
-                self.device,
-            )
+            # Its two rows go through the LM head, which LoRA wraps: map them
+            # to (dummy) adapters as vLLM's own dummy runs do.
+            rows = np.ones(2, dtype=np.int32)
+            with self.maybe_dummy_run_with_lora(self.lora_config, rows, rows):
+                seconds = warm_up_logprobs(
+                    self.model.compute_logits,
+                    self.model_config.get_hidden_size(),
+                    self.model_config.dtype,
+                    self.device,
+                )
             logger.info("Warm-up: sampler logprobs helper ready in %.1f s", seconds)
 
     # ---- seeded sampling on host generators -------------------------------

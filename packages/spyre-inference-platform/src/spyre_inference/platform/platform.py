@@ -187,7 +187,10 @@ class TorchSpyrePlatform(Platform):
 
     @classmethod
     def get_punica_wrapper(cls) -> str:
-        raise NotImplementedError("LoRA is not supported by spyre-inference yet.")
+        # vLLM's CPU punica wrapper computes the adapters' shrink/expand with
+        # plain torch ops (vllm.lora.ops.torch_ops): host compute, which is what
+        # the cpu target runs. The card path refuses LoRA at start-up.
+        return "vllm.lora.punica_wrapper.punica_cpu.PunicaWrapperCPU"
 
     # ---- config rules ----------------------------------------------------
 

@@ -64,17 +64,20 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
     """Engine options no Spyre target serves yet are refused here, by name.
 
     Left alone each fails later, inside the engine process, with an error that
-    does not name the option: LoRA in the runner (no punica wrapper), a
+    does not name the option: LoRA on the card path (the punica wrapper is
+    host code), a
     speculative method other than ngram (or ngram without ``numba``), a
     quantized checkpoint in vLLM's kernel selection ("Failed to find a kernel
     ..."). (Sleep mode is refused by vLLM itself: the platform reports it
     unavailable.)
     """
     problems: list[str] = []
-    if vllm_config.lora_config is not None:
+    if vllm_config.lora_config is not None and device.is_spyre():
         problems.append(
-            "LoRA (--enable-lora / enable_lora=True) is not supported by spyre-inference "
-            "yet: serve the adapter merged into the base weights, and remove --enable-lora"
+            "LoRA (--enable-lora / enable_lora=True) has not been verified on a Spyre card "
+            "(vLLM's punica kernels for it are host code); it is supported on the cpu "
+            "target (SPYRE_DEVICE_TARGET=cpu). Serve the adapter merged into the base "
+            "weights, or remove --enable-lora"
         )
     spec = vllm_config.speculative_config
     if spec is not None:
