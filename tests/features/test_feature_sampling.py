@@ -225,6 +225,25 @@ def test_stop_token_id_ends_generation_with_it(main_llm, greedy) -> None:
     assert (out.finish_reason, out.stop_reason) == ("stop", base[k])
 
 
+@pytest.mark.feature("allowed_token_ids")
+def test_allowed_token_ids_restrict_what_is_sampled(main_llm) -> None:
+    """vLLM: only ``allowed_token_ids`` can be sampled. A one-token list forces that
+    token wherever it lies in the vocabulary (its first and last ids included);
+    a longer list bounds random sampling; an empty list is refused."""
+    vocab = main_llm.llm_engine.model_config.get_vocab_size()
+    forced = sorted({1, 5, vocab // 3, vocab // 2 + 7, vocab - 1})
+    prompt = TEST_PROMPTS[1]
+    params = [greedy_params(1, allowed_token_ids=[t]) for t in forced]
+    allowed = [3, vocab // 4, vocab - 2]
+    params.append(sampling(temperature=1.0, seed=7, allowed_token_ids=allowed))
+    outs = main_llm.generate([prompt] * len(params), params)
+    assert [o.outputs[0].token_ids[-1] for o in outs[:-1]] == forced
+    sampled = list(outs[-1].outputs[0].token_ids)
+    assert len(sampled) == TOKENS and set(sampled) <= set(allowed)
+    with pytest.raises(VLLMValidationError):
+        main_llm.generate([prompt], greedy_params(1, allowed_token_ids=[]))
+
+
 @pytest.mark.feature("max_tokens", "min_tokens", "ignore_eos", "logit_bias")
 def test_eos_min_tokens_and_ignore_eos_match_hf(main_llm, hf) -> None:
     """A +4 logit bias on eos makes the random model end its answers; transformers
