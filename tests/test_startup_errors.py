@@ -255,3 +255,28 @@ def test_ngram_speculation_passes_the_start_up_checks(tiny_llama) -> None:
         speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
     )
     assert config.speculative_config.method == "ngram"
+
+
+def test_a_batch_whose_logits_cannot_fit_the_host_is_refused_at_start_up(tmp_path) -> None:
+    """A 262,144-token vocabulary in float32 with more sampled rows than the host can
+    hold logits for: refused with the numbers in the user's process (issue 21: such a
+    configuration was OOM-killed in warm-up)."""
+    import psutil
+
+    from spyre_inference.platform.testing.models import save_config_only
+
+    vocab = 262_144
+    model = save_config_only(
+        AutoConfig.for_model(
+            "llama", vocab_size=vocab, hidden_size=256, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, intermediate_size=512,
+            architectures=["LlamaForCausalLM"], max_position_embeddings=512,
+        ),
+        tmp_path / "big-vocab",
+    )  # fmt: skip
+    # float32 logits: 4 bytes per row per token; enough rows for twice the host.
+    rows = -(-2 * psutil.virtual_memory().total // (vocab * 4))
+    with pytest.raises(ValueError, match=r"needs at least .* GiB of host memory \(.*logits"):
+        _config(model, dtype="float32", max_num_seqs=rows, max_num_batched_tokens=rows)
+    # The same model with a batch the host can hold passes the check.
+    assert _config(model, dtype="float32", max_num_seqs=16, max_num_batched_tokens=128)

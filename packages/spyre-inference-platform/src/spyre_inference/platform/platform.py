@@ -229,6 +229,7 @@ class TorchSpyrePlatform(Platform):
         startup_checks.check_engine_options(vllm_config)
         startup_checks.check_packages(vllm_config)
         startup_checks.run_package_checks(vllm_config)
+        startup_checks.check_host_memory(vllm_config)
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_QUALNAME
         # The engine's mp executor must spawn, not fork: the parent may hold

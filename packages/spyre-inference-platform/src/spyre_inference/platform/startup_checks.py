@@ -60,6 +60,35 @@ def check_cpu_isa() -> None:
         ) from exc
 
 
+def check_host_memory(vllm_config: VllmConfig) -> None:
+    """A configuration whose smallest host footprint exceeds the available memory is
+    refused with the numbers (the cpu target; the card's memory is the worker's to check).
+
+    Left alone, it would be OOM-killed in warm-up or on its first full step.
+    """
+    import psutil
+
+    from spyre_inference.platform.memory_plan import GiB, startup_lower_bound
+
+    if device.is_spyre() or vllm_config.model_config is None:
+        return
+    need = startup_lower_bound(vllm_config)
+    available = psutil.virtual_memory().available
+    if sum(need.values()) <= available:
+        return
+    parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in need.items())
+    raise ConfigError(
+        f"This configuration needs at least {sum(need.values()) / GiB:.2f} GiB of host memory "
+        f"({parts}; dtype={vllm_config.model_config.dtype}, "
+        f"max_model_len={vllm_config.model_config.max_model_len}, "
+        f"max_num_seqs={vllm_config.scheduler_config.max_num_seqs}, "
+        f"max_num_batched_tokens={vllm_config.scheduler_config.max_num_batched_tokens}), "
+        f"but the host has {available / GiB:.2f} GiB available. Lower --max-num-seqs (the "
+        "float32 logits of a step are max_num_seqs x vocabulary), --max-model-len or "
+        "--max-num-batched-tokens, or use a 16-bit --dtype."
+    )
+
+
 def check_engine_options(vllm_config: VllmConfig) -> None:
     """Engine options no Spyre target serves yet are refused here, by name.
 

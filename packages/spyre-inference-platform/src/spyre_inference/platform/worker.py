@@ -10,6 +10,7 @@ here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from contextlib import AbstractContextManager, nullcontext
@@ -25,6 +26,12 @@ from vllm.v1.worker.worker_base import CompilationTimes
 from spyre_inference.platform import device as dev
 from spyre_inference.platform.host_env import neutralize_cuda_runtime
 from spyre_inference.platform.logs import get_logger
+from spyre_inference.platform.memory_plan import (
+    StepShape,
+    peak_rss_bytes,
+    plan_host_kv,
+    step_reserve,
+)
 
 logger = get_logger(__name__)
 
@@ -121,12 +128,13 @@ class TorchSpyreWorker(Worker):
     def determine_available_memory(self) -> int:
         """Bytes for the KV cache.
 
-        An explicit ``--kv-cache-memory-bytes`` wins. Otherwise the budget is
-        ``gpu_memory_utilization`` of the host's memory minus what this
-        process already holds, as vLLM's CPU backend does, but capped at what
-        ``max_num_seqs`` full-length sequences can use (twice over, to leave
-        room for prefix-cache reuse): unlike device memory, host memory not
-        taken by the cache stays useful to everything else on the machine.
+        An explicit ``--kv-cache-memory-bytes`` wins. The card path budgets the
+        card's memory. On the host (:mod:`~spyre_inference.platform.memory_plan`):
+        ``gpu_memory_utilization`` of the host minus what this process holds, as
+        vLLM's CPU backend does, but never more than what is available after a
+        reserve for warm-up and the largest step, and no more than what
+        ``max_num_seqs`` full-length sequences use (twice over, for prefix-cache
+        reuse): host memory the cache does not take stays useful to the machine.
         """
         explicit = self.cache_config.kv_cache_memory_bytes
         if explicit:
@@ -134,25 +142,48 @@ class TorchSpyreWorker(Worker):
         if dev.is_spyre():
             return self._device_kv_budget()
         vm = psutil.virtual_memory()
-        rss = psutil.Process().memory_info().rss
-        budget = int(vm.total * self.cache_config.gpu_memory_utilization) - rss
-        budget = min(budget, int(vm.available * 0.9))
-        needed = 2 * self._bytes_for_full_batch()
-        kv_bytes = min(budget, needed) if needed > 0 else budget
-        if kv_bytes <= 0:
-            raise ValueError(
-                f"No memory left for the KV cache: the worker holds {rss / GiB:.2f} GiB and "
-                f"gpu_memory_utilization={self.cache_config.gpu_memory_utilization} of "
-                f"{vm.total / GiB:.1f} GiB is reserved. Raise --gpu-memory-utilization or "
-                "pass --kv-cache-memory-bytes."
-            )
-        logger.info(
-            "KV cache budget %.3f GiB (host available %.1f GiB, worker RSS %.2f GiB)",
-            kv_bytes / GiB,
-            vm.available / GiB,
-            rss / GiB,
+        self.memory_plan = plan_host_kv(
+            total=vm.total,
+            available=vm.available,
+            worker_rss=psutil.Process().memory_info().rss,
+            utilization=self.cache_config.gpu_memory_utilization,
+            reserve=step_reserve(self._step_shape()),
+            full_batch_kv=2 * self._bytes_for_full_batch(),
+            one_sequence_kv=self._bytes_for_one_sequence(),
         )
-        return kv_bytes
+        logger.info("Host memory plan: %s", self.memory_plan.describe())
+        return self.memory_plan.kv_bytes
+
+    def memory_report(self) -> dict[str, Any]:
+        """The host-memory plan and this process's peak RSS so far (bytes).
+
+        For ``LLM.collective_rpc("memory_report")``: tests check the plan
+        covered what warm-up and serving really used.
+        """
+        plan = getattr(self, "memory_plan", None)
+        return {
+            "plan": dataclasses.asdict(plan) if plan is not None else None,
+            "reserve_bytes": plan.reserve_bytes if plan is not None else None,
+            "peak_rss": peak_rss_bytes(),
+        }
+
+    def _step_shape(self) -> StepShape:
+        mc, pc, sc = self.model_config, self.parallel_config, self.scheduler_config
+        text = mc.hf_text_config
+        tp = pc.tensor_parallel_size
+        hidden = mc.get_hidden_size()
+        head = mc.get_head_size()
+        buckets = getattr(self.model_runner, "token_buckets", None)
+        spec = self.vllm_config.speculative_config
+        spec_tokens = spec.num_speculative_tokens if spec is not None else 0
+        return StepShape(
+            max_tokens=max(buckets.sizes) if buckets else sc.max_num_batched_tokens,
+            sampled_rows=0 if mc.runner_type == "pooling" else sc.max_num_seqs * (1 + spec_tokens),
+            hidden_size=hidden,
+            intermediate_size=(getattr(text, "intermediate_size", None) or 4 * hidden) // tp,
+            qkv_size=head * (mc.get_num_attention_heads(pc) + 2 * mc.get_num_kv_heads(pc)),
+            vocab_size=mc.get_vocab_size(),
+        )
 
     def _device_kv_budget(self) -> int:
         """The card path: ``gpu_memory_utilization`` of the *device's* memory.
@@ -179,6 +210,11 @@ class TorchSpyreWorker(Worker):
             in_use / GiB,
         )
         return budget
+
+    def _bytes_for_one_sequence(self) -> int:
+        specs = self.model_runner.get_kv_cache_spec()
+        max_len = self.model_config.max_model_len
+        return sum(s.page_size_bytes * -(-max_len // s.block_size) for s in specs.values())
 
     def _bytes_for_full_batch(self) -> int:
         specs = self.model_runner.get_kv_cache_spec()

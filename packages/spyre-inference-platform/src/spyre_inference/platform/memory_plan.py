@@ -1,0 +1,212 @@
+"""The host-memory plan of the cpu target: what the KV cache may take.
+
+On the cpu target the host's memory holds the model, the KV cache *and*
+everything warm-up and serving allocate: Inductor's compile state, one dummy
+step per token bucket, and each step's activations and float32 logits over the
+whole vocabulary. vLLM's GPU worker measures a profiling step's peak and gives
+the cache what is left; vLLM's CPU worker gives the cache a share of the host
+with no headroom at all. A cache sized like that leaves warm-up too little, and
+the kernel OOM-kills the engine (issue 21: a 262,144-token vocabulary in
+float32 on a 24 GB host). So the cache gets, at most, what is left after a
+reserve for the step peak, computed from the configuration (:func:`step_reserve`),
+and an engine that cannot hold one full-length sequence is refused with the
+numbers instead of being killed later.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import resource
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+GiB = 1 << 30
+
+#: Inductor and Dynamo state built while warm-up compiles every bucket's block
+#: graphs, in the worker process (the C++ compiler runs in its own processes);
+#: tests/test_memory_plan.py checks the whole reserve against a measured peak.
+COMPILE_RESERVE = 1 * GiB
+#: float32 [rows, vocab] tensors alive at once in a sampling step: the LM
+#: head's logits, the sampler's processed copy and its (log-)softmax.
+LOGITS_COPIES = 3
+#: A block graph's intermediates and the next block's input coexist.
+ACTIVATION_COPIES = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class StepShape:
+    """What bounds one step's transient memory."""
+
+    max_tokens: int  # the largest num_tokens bucket a step runs at
+    sampled_rows: int  # logits rows a step can produce (max_num_seqs x (1 + spec tokens))
+    hidden_size: int
+    intermediate_size: int
+    qkv_size: int  # q + k + v features of one token
+    vocab_size: int
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set so far (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def step_reserve(shape: StepShape) -> dict[str, int]:
+    """Bytes to keep free for warm-up and the largest step, by component.
+
+    Activations are counted in float32 (the cpu target's GEMMs produce float32
+    before the cast back) for the largest per-token live set of a decoder
+    block: residual, normed input, QKV, attention output, and the MLP's
+    gate/up and activated halves.
+    """
+    per_token = 4 * shape.hidden_size + shape.qkv_size + 3 * shape.intermediate_size
+    return {
+        "activations": shape.max_tokens * per_token * 4 * ACTIVATION_COPIES,
+        "logits": shape.sampled_rows * shape.vocab_size * 4 * LOGITS_COPIES,
+        "compile": COMPILE_RESERVE,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class HostMemoryPlan:
+    """The KV budget on the host and how it was reached (all bytes)."""
+
+    total: int
+    available: int
+    worker_rss: int
+    utilization: float
+    reserve: dict[str, int]
+    full_batch_kv: int  # what max_num_seqs full-length sequences use, twice over
+    one_sequence_kv: int  # one full-length sequence
+    kv_bytes: int
+
+    @property
+    def reserve_bytes(self) -> int:
+        return sum(self.reserve.values())
+
+    def describe(self) -> str:
+        parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in self.reserve.items())
+        return (
+            f"KV cache {self.kv_bytes / GiB:.2f} GiB (host {self.total / GiB:.1f} GiB, "
+            f"available {self.available / GiB:.2f}, worker RSS {self.worker_rss / GiB:.2f}, "
+            f"reserve for warm-up and steps {self.reserve_bytes / GiB:.2f} [{parts}], "
+            f"max_num_seqs full sequences x2 {self.full_batch_kv / GiB:.2f})"
+        )
+
+
+def plan_host_kv(
+    *,
+    total: int,
+    available: int,
+    worker_rss: int,
+    utilization: float,
+    reserve: dict[str, int],
+    full_batch_kv: int,
+    one_sequence_kv: int,
+) -> HostMemoryPlan:
+    """The KV budget: the smallest of the user's share of the host, what is
+    available after the reserve, and what max_num_seqs full sequences use.
+
+    Raises ``ValueError`` naming the numbers and the flags to change when the
+    result cannot hold one full-length sequence.
+    """
+    share = int(total * utilization) - worker_rss
+    after_reserve = available - sum(reserve.values())
+    kv = min(share, after_reserve)
+    if full_batch_kv > 0:
+        kv = min(kv, full_batch_kv)
+    plan = HostMemoryPlan(
+        total, available, worker_rss, utilization, reserve, full_batch_kv, one_sequence_kv, kv
+    )
+    if kv < max(one_sequence_kv, 1):
+        limit = (
+            f"gpu_memory_utilization={utilization} of the host grants {share / GiB:.2f} GiB "
+            f"beyond the worker's {worker_rss / GiB:.2f} GiB"
+            if share <= after_reserve
+            else f"the host has {available / GiB:.2f} GiB available and warm-up and serving "
+            f"need {plan.reserve_bytes / GiB:.2f} GiB of it ("
+            + ", ".join(f"{k} {v / GiB:.2f}" for k, v in reserve.items())
+            + ")"
+        )
+        raise ValueError(
+            f"Not enough host memory for the KV cache: one sequence of max_model_len tokens "
+            f"needs {one_sequence_kv / GiB:.2f} GiB, but {limit}, which leaves "
+            f"{max(kv, 0) / GiB:.2f} GiB. Lower --max-model-len or --max-num-seqs / "
+            "--max-num-batched-tokens, use a 16-bit --dtype, raise --gpu-memory-utilization, "
+            "or set --kv-cache-memory-bytes."
+        )
+    return plan
+
+
+def _checkpoint_parameters(model: str) -> int:
+    """Parameters in a local checkpoint's safetensors files (their headers only); 0 if unknown."""
+    folder = Path(model)
+    if not folder.is_dir():
+        return 0
+    count = 0
+    for file in folder.glob("*.safetensors"):
+        with file.open("rb") as f:
+            (size,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(size))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                numel = 1
+                for dim in entry["shape"]:
+                    numel *= dim
+                count += numel
+    return count
+
+
+def startup_lower_bound(vllm_config: VllmConfig) -> dict[str, int]:
+    """What the engine needs on the host at the least, by component (bytes).
+
+    Computed in the user's process from the configuration and the checkpoint's
+    headers, before any engine starts: the weights once in the serving dtype
+    (the layers' derived copies come on top), the KV cache of one sequence of
+    ``max_model_len`` tokens (or ``--kv-cache-memory-bytes``), and each
+    worker's warm-up and step reserve. Sliding-window layers are counted at
+    their window, so the sum never overstates the need.
+    """
+    mc, pc, sc = vllm_config.model_config, vllm_config.parallel_config, vllm_config.scheduler_config
+    text = mc.hf_text_config
+    dtype_bytes = mc.dtype.itemsize
+    tp = pc.tensor_parallel_size
+    hidden, head = mc.get_hidden_size(), mc.get_head_size()
+    explicit_kv = vllm_config.cache_config.kv_cache_memory_bytes
+    if explicit_kv:
+        kv = int(explicit_kv) * tp
+    else:
+        window = getattr(text, "sliding_window", None) or mc.max_model_len
+        tokens = min(mc.max_model_len, window)
+        layers = mc.get_num_layers(pc)
+        kv = 2 * mc.get_num_kv_heads(pc) * tp * head * layers * tokens * dtype_bytes
+    spec = vllm_config.speculative_config
+    spec_tokens = spec.num_speculative_tokens if spec is not None else 0
+    reserve = step_reserve(
+        StepShape(
+            max_tokens=sc.max_num_batched_tokens,
+            sampled_rows=0 if mc.runner_type == "pooling" else sc.max_num_seqs * (1 + spec_tokens),
+            hidden_size=hidden,
+            intermediate_size=(getattr(text, "intermediate_size", None) or 4 * hidden) // tp,
+            qkv_size=head * (mc.get_num_attention_heads(pc) + 2 * mc.get_num_kv_heads(pc)),
+            vocab_size=mc.get_vocab_size(),
+        )
+    )
+    need = {"weights": _checkpoint_parameters(mc.model) * dtype_bytes, "kv_one_sequence": kv}
+    need.update({f"{k} (x{tp} workers)" if tp > 1 else k: v * tp for k, v in reserve.items()})
+    return need
+
+
+__all__ = [
+    "COMPILE_RESERVE",
+    "HostMemoryPlan",
+    "StepShape",
+    "peak_rss_bytes",
+    "plan_host_kv",
+    "startup_lower_bound",
+    "step_reserve",
+]
