@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 GiB = 1 << 30
 
 #: Inductor and Dynamo state built while warm-up compiles every bucket's block
-#: graphs, in the worker process (the C++ compiler runs in its own processes);
-#: tests/test_memory_plan.py checks the whole reserve against a measured peak.
-COMPILE_RESERVE = 1 * GiB
+#: graphs, plus Inductor's compile worker processes and the C++ compiler,
+#: which take host memory outside the worker's RSS. tests/test_memory_plan.py
+#: checks the whole reserve against a measured peak.
+COMPILE_RESERVE = 2 * GiB
 #: float32 [rows, vocab] tensors alive at once in a sampling step: the LM
 #: head's logits, the sampler's processed copy and its (log-)softmax.
 LOGITS_COPIES = 3
@@ -48,6 +49,8 @@ class StepShape:
     intermediate_size: int
     qkv_size: int  # q + k + v features of one token
     vocab_size: int
+    num_heads: int  # query heads on this rank
+    max_model_len: int
 
 
 def peak_rss_bytes() -> int:
@@ -61,11 +64,17 @@ def step_reserve(shape: StepShape) -> dict[str, int]:
     Activations are counted in float32 (the cpu target's GEMMs produce float32
     before the cast back) for the largest per-token live set of a decoder
     block: residual, normed input, QKV, attention output, and the MLP's
-    gate/up and activated halves.
+    gate/up and activated halves. A prefill chunk of ``max_tokens`` tokens at
+    the end of a ``max_model_len`` sequence also holds float32 attention scores
+    and their softmax for every head over every key: ``heads x tokens x
+    max_model_len`` (warm-up records that variant too). Seen without this term:
+    Gemma-3-270M in float32 with ``LLM()`` defaults (8192-token chunks, 32768
+    keys, 4 heads) was OOM-killed in attention warm-up.
     """
     per_token = 4 * shape.hidden_size + shape.qkv_size + 3 * shape.intermediate_size
     return {
         "activations": shape.max_tokens * per_token * 4 * ACTIVATION_COPIES,
+        "attention": shape.num_heads * shape.max_tokens * shape.max_model_len * 4 * 2,
         "logits": shape.sampled_rows * shape.vocab_size * 4 * LOGITS_COPIES,
         "compile": COMPILE_RESERVE,
     }
@@ -194,6 +203,8 @@ def startup_lower_bound(vllm_config: VllmConfig) -> dict[str, int]:
             intermediate_size=(getattr(text, "intermediate_size", None) or 4 * hidden) // tp,
             qkv_size=head * (mc.get_num_attention_heads(pc) + 2 * mc.get_num_kv_heads(pc)),
             vocab_size=mc.get_vocab_size(),
+            num_heads=mc.get_num_attention_heads(pc),
+            max_model_len=mc.max_model_len,
         )
     )
     need = {"weights": _checkpoint_parameters(mc.model) * dtype_bytes, "kv_one_sequence": kv}

@@ -183,6 +183,8 @@ class TorchSpyreWorker(Worker):
             intermediate_size=(getattr(text, "intermediate_size", None) or 4 * hidden) // tp,
             qkv_size=head * (mc.get_num_attention_heads(pc) + 2 * mc.get_num_kv_heads(pc)),
             vocab_size=mc.get_vocab_size(),
+            num_heads=mc.get_num_attention_heads(pc),
+            max_model_len=mc.max_model_len,
         )
 
     def _device_kv_budget(self) -> int:
