@@ -76,5 +76,14 @@ class SpyreParallelLMHead(ParallelLMHead):
             raise AttributeError(f"{type(self).__name__} has no weight before it is created")
         return weight_t.t()
 
+    @weight.deleter
+    def weight(self) -> None:
+        # ``del head.weight`` when the parameter is registered is handled by
+        # nn.Module (it removes it from ``_parameters``); once it has been
+        # dropped, the view above owns nothing. vLLM's layerwise reload deletes
+        # every tensor attribute the layer has before restoring the checkpoint
+        # layout, this one included.
+        return None
+
 
 __all__ = ["LM_HEAD_ROW_ALIGN", "SpyreParallelLMHead", "SpyreUnquantizedLMHeadMethod"]
