@@ -60,21 +60,40 @@ def check_cpu_isa() -> None:
         ) from exc
 
 
+#: Set once the host-memory check has passed in the user's process.
+_HOST_MEMORY_CHECKED = "_SPYRE_INFERENCE_HOST_MEMORY_CHECKED"
+
+
 def check_host_memory(vllm_config: VllmConfig) -> None:
     """A configuration whose smallest host footprint exceeds the available memory is
     refused with the numbers (the cpu target; the card's memory is the worker's to check).
 
     Left alone, it would be OOM-killed in warm-up or on its first full step.
     """
+    import os
+
     import psutil
 
     from spyre_inference.platform.memory_plan import GiB, startup_lower_bound
 
     if device.is_spyre() or vllm_config.model_config is None:
         return
+    # vLLM runs the platform's config checks again inside the engine process
+    # (seen after warm-up), where this engine's own model and KV cache already
+    # fill the host: the check belongs to the user's process, before any of
+    # that exists. The marker names the configuration checked; engine
+    # processes inherit it.
+    mc, sc = vllm_config.model_config, vllm_config.scheduler_config
+    key = (
+        f"{mc.model}|{mc.dtype}|{mc.max_model_len}|{sc.max_num_seqs}|"
+        f"{sc.max_num_batched_tokens}|{vllm_config.parallel_config.tensor_parallel_size}"
+    )
+    if os.environ.get(_HOST_MEMORY_CHECKED) == key:
+        return
     need = startup_lower_bound(vllm_config)
     available = psutil.virtual_memory().available
     if sum(need.values()) <= available:
+        os.environ[_HOST_MEMORY_CHECKED] = key
         return
     parts = ", ".join(f"{k} {v / GiB:.2f}" for k, v in need.items())
     raise ConfigError(
