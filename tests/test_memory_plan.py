@@ -43,29 +43,15 @@ def test_plan_covers_the_measured_peak_with_a_262k_vocabulary(tiny_model_factory
 
 def test_a_cache_that_cannot_hold_one_sequence_is_refused_with_the_numbers() -> None:
     reserve = {"activations": GiB // 4, "logits": 3 * GiB, "compile": GiB}
+    host = {"total": 24 * GiB, "worker_rss": 2 * GiB, "utilization": 0.9, "reserve": reserve,
+            "full_batch_kv": 40 * GiB, "one_sequence_kv": GiB}  # fmt: skip
     with pytest.raises(ValueError) as refused:
-        plan_host_kv(
-            total=24 * GiB,
-            available=5 * GiB,
-            worker_rss=2 * GiB,
-            utilization=0.9,
-            reserve=reserve,
-            full_batch_kv=40 * GiB,
-            one_sequence_kv=GiB,
-        )
+        plan_host_kv(available=5 * GiB, **host)
     message = str(refused.value)
     # What it needs, what is available, what the reserve is made of, and the flags.
     for needle in ("needs 1.00 GiB", "5.00 GiB available", "4.25 GiB", "logits 3.00",
                    "--max-model-len", "--kv-cache-memory-bytes", "--dtype"):  # fmt: skip
         assert needle in message, (needle, message)
-    plan = plan_host_kv(
-        total=24 * GiB,
-        available=20 * GiB,
-        worker_rss=2 * GiB,
-        utilization=0.9,
-        reserve=reserve,
-        full_batch_kv=40 * GiB,
-        one_sequence_kv=GiB,
-    )
+    plan = plan_host_kv(available=20 * GiB, **host)
     # The user's share would allow 19.6 GiB; the reserve caps the cache first.
     assert plan.kv_bytes == 20 * GiB - plan.reserve_bytes

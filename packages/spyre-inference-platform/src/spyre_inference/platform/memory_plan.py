@@ -170,6 +170,26 @@ def _checkpoint_parameters(model: str) -> int:
     return count
 
 
+def step_shape(vllm_config: VllmConfig, max_tokens: int) -> StepShape:
+    """One worker's :class:`StepShape` for steps of at most ``max_tokens`` tokens."""
+    mc, pc, sc = vllm_config.model_config, vllm_config.parallel_config, vllm_config.scheduler_config
+    hidden, head = mc.get_hidden_size(), mc.get_head_size()
+    intermediate = getattr(mc.hf_text_config, "intermediate_size", None) or 4 * hidden
+    spec = vllm_config.speculative_config
+    spec_tokens = spec.num_speculative_tokens if spec is not None else 0
+    heads = mc.get_num_attention_heads(pc)
+    return StepShape(
+        max_tokens=max_tokens,
+        sampled_rows=0 if mc.runner_type == "pooling" else sc.max_num_seqs * (1 + spec_tokens),
+        hidden_size=hidden,
+        intermediate_size=intermediate // pc.tensor_parallel_size,
+        qkv_size=head * (heads + 2 * mc.get_num_kv_heads(pc)),
+        vocab_size=mc.get_vocab_size(),
+        num_heads=heads,
+        max_model_len=mc.max_model_len,
+    )
+
+
 def startup_lower_bound(vllm_config: VllmConfig) -> dict[str, int]:
     """What the engine needs on the host at the least, by component (bytes).
 
@@ -184,7 +204,7 @@ def startup_lower_bound(vllm_config: VllmConfig) -> dict[str, int]:
     text = mc.hf_text_config
     dtype_bytes = mc.dtype.itemsize
     tp = pc.tensor_parallel_size
-    hidden, head = mc.get_hidden_size(), mc.get_head_size()
+    head = mc.get_head_size()
     explicit_kv = vllm_config.cache_config.kv_cache_memory_bytes
     if explicit_kv:
         kv = int(explicit_kv) * tp
@@ -193,20 +213,7 @@ def startup_lower_bound(vllm_config: VllmConfig) -> dict[str, int]:
         tokens = min(mc.max_model_len, window)
         layers = mc.get_num_layers(pc)
         kv = 2 * mc.get_num_kv_heads(pc) * tp * head * layers * tokens * dtype_bytes
-    spec = vllm_config.speculative_config
-    spec_tokens = spec.num_speculative_tokens if spec is not None else 0
-    reserve = step_reserve(
-        StepShape(
-            max_tokens=sc.max_num_batched_tokens,
-            sampled_rows=0 if mc.runner_type == "pooling" else sc.max_num_seqs * (1 + spec_tokens),
-            hidden_size=hidden,
-            intermediate_size=(getattr(text, "intermediate_size", None) or 4 * hidden) // tp,
-            qkv_size=head * (mc.get_num_attention_heads(pc) + 2 * mc.get_num_kv_heads(pc)),
-            vocab_size=mc.get_vocab_size(),
-            num_heads=mc.get_num_attention_heads(pc),
-            max_model_len=mc.max_model_len,
-        )
-    )
+    reserve = step_reserve(step_shape(vllm_config, sc.max_num_batched_tokens))
     need = {"weights": _checkpoint_parameters(mc.model) * dtype_bytes, "kv_one_sequence": kv}
     need.update({f"{k} (x{tp} workers)" if tp > 1 else k: v * tp for k, v in reserve.items()})
     return need
@@ -220,4 +227,5 @@ __all__ = [
     "plan_host_kv",
     "startup_lower_bound",
     "step_reserve",
+    "step_shape",
 ]

@@ -31,6 +31,7 @@ from spyre_inference.platform.memory_plan import (
     peak_rss_bytes,
     plan_host_kv,
     step_reserve,
+    step_shape,
 )
 
 logger = get_logger(__name__)
@@ -168,24 +169,11 @@ class TorchSpyreWorker(Worker):
         }
 
     def _step_shape(self) -> StepShape:
-        mc, pc, sc = self.model_config, self.parallel_config, self.scheduler_config
-        text = mc.hf_text_config
-        tp = pc.tensor_parallel_size
-        hidden = mc.get_hidden_size()
-        head = mc.get_head_size()
+        # A compiled step runs at its num_tokens bucket, which may exceed
+        # max_num_batched_tokens.
         buckets = getattr(self.model_runner, "token_buckets", None)
-        spec = self.vllm_config.speculative_config
-        spec_tokens = spec.num_speculative_tokens if spec is not None else 0
-        return StepShape(
-            max_tokens=max(buckets.sizes) if buckets else sc.max_num_batched_tokens,
-            sampled_rows=0 if mc.runner_type == "pooling" else sc.max_num_seqs * (1 + spec_tokens),
-            hidden_size=hidden,
-            intermediate_size=(getattr(text, "intermediate_size", None) or 4 * hidden) // tp,
-            qkv_size=head * (mc.get_num_attention_heads(pc) + 2 * mc.get_num_kv_heads(pc)),
-            vocab_size=mc.get_vocab_size(),
-            num_heads=mc.get_num_attention_heads(pc),
-            max_model_len=mc.max_model_len,
-        )
+        max_tokens = max(buckets.sizes) if buckets else self.scheduler_config.max_num_batched_tokens
+        return step_shape(self.vllm_config, max_tokens)
 
     def _device_kv_budget(self) -> int:
         """The card path: ``gpu_memory_utilization`` of the *device's* memory.
