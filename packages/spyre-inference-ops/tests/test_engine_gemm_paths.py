@@ -43,6 +43,16 @@ PATHS = {
         "copy",
     ),
     "onednn-packed": ({"SPYRE_CPU_GEMM_DTYPE": "model", "SPYRE_CPU_GEMM_PACK": "auto"}, "packed"),
+    # The C++ op of the packed path sends products of <= 4 rows (decode steps of
+    # up to 4 sequences) to the host kernel, the rest to oneDNN.
+    "onednn-host-rows": (
+        {
+            "SPYRE_CPU_GEMM_DTYPE": "model",
+            "SPYRE_CPU_GEMM_PACK": "auto",
+            "SPYRE_CPU_GEMM_HOST_ROWS": "4",
+        },
+        "packed",
+    ),
     "torch-model-dtype": ({"SPYRE_CPU_GEMM_DTYPE": "model", "SPYRE_CPU_GEMM_PACK": "off"}, "model"),
 }
 
@@ -72,6 +82,13 @@ def _gemm_state(model) -> set[str]:
     return states
 
 
+def _packed_op_routes(model) -> tuple[str, int]:
+    """(the packed op's CPU kernel, rows it sends to the host kernel) in the engine."""
+    from spyre_inference.ops import onednn_linear
+
+    return onednn_linear.kernel(), onednn_linear.host_gemm_rows()
+
+
 @pytest.fixture(scope="module")
 def reference(tiny_model_factory):  # noqa: F811
     model = tiny_model_factory("llama")
@@ -90,14 +107,21 @@ def test_forced_gemm_path_serves_close_to_hf(path, reference, make_llm, monkeypa
         pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ")
     if path.startswith("kernel") and kernel_unavailable_reason(torch.bfloat16):
         pytest.skip("the host GEMM kernel cannot be built here")
-    if path == "onednn-packed" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+    if path.startswith("onednn") and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         pytest.skip("oneDNN has no bfloat16 matmul on this CPU")
+    if path == "onednn-host-rows" and kernel_unavailable_reason(torch.bfloat16):
+        pytest.skip("the host GEMM kernel cannot be built here")
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
     model, ref = reference
     llm = make_llm(model, dtype="bfloat16", enforce_eager=True)
     (state,) = llm.apply_model(_gemm_state)
     assert state == {expected}
+    if path == "onednn-host-rows":
+        (routes,) = llm.apply_model(_packed_op_routes)
+        if routes[0] != "native":
+            pytest.skip("the C++ linear op cannot be built here")
+        assert routes == ("native", 4)
     got = greedy(llm, PROMPTS, MAX_TOKENS)
     assert_greedy_close(ref, got, max_logprob_gap=0.2, min_exact=2)
     _tokens[path] = got

@@ -282,3 +282,44 @@ def test_cpu_gemm_pack(vllm_env, monkeypatch, pack):
         torch.testing.assert_close(out, reference(), rtol=8e-3, atol=1e-2)
     finally:
         dev.reset_for_tests()
+
+
+def test_native_linear_op_routes(vllm_env):
+    """The C++ kernel of onednn_linear_t sends a product to oneDNN on the packed copy
+    or, up to the configured row count, to the host GEMM kernel on the weight of
+    record; each route, forced, gives exactly what that backend gives when called
+    directly (oneDNN's own op; the host kernel's float32 product rounded to the
+    weight's dtype), and both are the float32-accumulated product to a bf16 ulp."""
+    from spyre_inference.ops import host_gemm, onednn_linear
+
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        pytest.skip("oneDNN has no bfloat16 matmul on this CPU")
+    if onednn_linear.kernel() != "native":
+        pytest.skip("the C++ linear op cannot be built here")
+    if host_gemm.kernel_unavailable_reason(torch.bfloat16):
+        pytest.skip("the host GEMM kernel cannot be built here")
+    g = torch.Generator().manual_seed(0)
+    weight_t = (torch.randn(192, 320, generator=g) / 192**0.5).bfloat16()
+    onednn_linear.pack(weight_t)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight_t.t().contiguous(), 1)
+    op = torch.ops.spyre_inference.onednn_linear_t.default
+    native = torch.ops.spyre_inference_native
+    try:
+        for rows in (1, 2, 4, 5, 9):
+            x = torch.randn(rows, 192, generator=g).bfloat16()
+            reference = (x.double() @ weight_t.double()).bfloat16()
+            native.set_host_gemm(0, 0)
+            via_onednn = op(x, weight_t)
+            expected = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            torch.testing.assert_close(via_onednn, expected, rtol=0, atol=0)
+            native.set_host_gemm(host_gemm.kernel_address(), 4)
+            routed = op(x.unsqueeze(0), weight_t).squeeze(0)
+            if rows <= 4:
+                expected = host_gemm.host_gemm_w16(x.float(), weight_t).bfloat16()
+            torch.testing.assert_close(routed, expected, rtol=0, atol=0)
+            for out in (via_onednn, routed):
+                torch.testing.assert_close(out, reference, rtol=8e-3, atol=1e-2)
+    finally:
+        # Back to what this process configured at start-up.
+        onednn_linear.kernel.cache_clear()
+        onednn_linear.kernel()

@@ -123,6 +123,13 @@ def kernel_unavailable_reason(dtype: torch.dtype) -> str | None:
     return lib if isinstance(lib, str) else None
 
 
+def kernel_address() -> int:
+    """Address of the loaded build's ``spyre_gemm_w16`` (for C++ callers in this process)."""
+    address = ctypes.cast(_library().spyre_gemm_w16, ctypes.c_void_p).value
+    assert address is not None
+    return address
+
+
 def kernel_available(dtype: torch.dtype) -> bool:
     return kernel_unavailable_reason(dtype) is None
 
@@ -181,6 +188,7 @@ def host_gemm_w16(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "HostGemmUnavailable",
     "host_gemm_w16",
+    "kernel_address",
     "kernel_available",
     "kernel_cache_dir",
     "kernel_isa",

@@ -22,13 +22,14 @@ LinearImpl = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def register_linear_op(
-    name: str, impl: LinearImpl, result_dtype: Callable[[torch.Tensor], torch.dtype]
+    name: str, impl: LinearImpl | None, result_dtype: Callable[[torch.Tensor], torch.dtype]
 ) -> torch.library.Library:
     """Define ``spyre_inference::<name>(Tensor x, Tensor weight_t) -> Tensor`` on the CPU.
 
     ``result_dtype(weight_t)`` is the output's dtype, for the fake (meta)
     implementation Dynamo traces with; the output is ``[*x.shape[:-1], out]``.
-    Keep the returned library alive as long as the op is used.
+    ``impl=None`` leaves the CPU kernel to the caller (a C++ library, or a later
+    ``lib.impl``). Keep the returned library alive as long as the op is used.
     """
 
     def fake(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
@@ -36,7 +37,8 @@ def register_linear_op(
 
     lib = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
     lib.define(f"{name}(Tensor x, Tensor weight_t) -> Tensor")
-    lib.impl(name, impl, "CPU")
+    if impl is not None:
+        lib.impl(name, impl, "CPU")
     torch.library.register_fake(f"{OP_NAMESPACE}::{name}", fake, lib=lib)
     return lib
 

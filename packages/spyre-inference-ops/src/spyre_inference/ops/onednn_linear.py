@@ -18,23 +18,41 @@ record: the op finds the packed copy by the weight's storage and runs
 second copy of every linear weight in host memory (counted in the worker's
 RSS, so the KV budget sees it); ``SPYRE_CPU_GEMM_PACK=off`` keeps torch's matmul
 and one copy. cpu target only: the card runs its own matmul on ``[in, out]``.
+
+The op's CPU kernel is C++ (``csrc/linear_dispatch.cpp``, built once per
+machine with torch's headers) where a C++ toolchain exists: the block graphs
+call the op ~120 times per decode step and a kernel registered from Python
+puts the interpreter between the dispatcher and oneDNN on every call. With
+``SPYRE_CPU_GEMM_HOST_ROWS=N`` the same kernel sends products of at most N rows
+to the host GEMM kernel (:mod:`~spyre_inference.ops.host_gemm`) on the weight
+of record instead, where oneDNN's fixed cost per call outweighs a single
+streaming pass over the weight. Without a toolchain the Python kernel below
+runs (oneDNN only).
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
+from pathlib import Path
 
 import torch
 
+from spyre_inference.ops import host_gemm
 from spyre_inference.ops.linear_op import OP_NAMESPACE, register_linear_op
 from spyre_inference.platform import settings
 from spyre_inference.platform.device import is_spyre
 from spyre_inference.platform.logs import get_logger
+from spyre_inference.platform.native_build import NativeKernelUnavailable, load_torch_extension
 
 logger = get_logger(__name__)
 
 OP_NAME = "onednn_linear_t"
 QUALNAME = f"{OP_NAMESPACE}::{OP_NAME}"
+
+_NATIVE_SOURCE = Path(__file__).with_name("csrc") / "linear_dispatch.cpp"
+#: Products of at most this many rows go to the host GEMM kernel (set by kernel()).
+_host_rows = 0
 
 #: Storage address of a weight of record -> its oneDNN-packed copy.
 _packed: dict[int, torch.Tensor] = {}
@@ -63,13 +81,29 @@ def pack(weight_t: torch.Tensor) -> None:
         raise ValueError(
             f"onednn_linear_t packs 2-D [in, out] weights, not {tuple(weight_t.shape)}"
         )
+    native = kernel() == "native"
     key = weight_t.data_ptr()
     fresh = key not in _packed
     # oneDNN takes the linear convention, [out, in]. The batch-size hint (1)
     # only picks among blocked formats; measured 1 vs 32 vs 128: no difference.
-    _packed[key] = torch.ops.mkldnn._reorder_linear_weight(weight_t.t().contiguous(), 1)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight_t.t().contiguous(), 1)
+    _packed[key] = packed
+    if native:
+        torch.ops.spyre_inference_native.register_packed(weight_t, packed)
     if fresh:
-        weakref.finalize(weight_t, _packed.pop, key, None)
+        weakref.finalize(weight_t, _forget, key, native)
+
+
+def _forget(key: int, native: bool) -> None:
+    _packed.pop(key, None)
+    if native:
+        torch.ops.spyre_inference_native.forget_packed(key)
+
+
+def host_gemm_rows() -> int:
+    """Rows up to which the C++ op runs the host GEMM kernel (0: oneDNN throughout)."""
+    kernel()
+    return _host_rows
 
 
 def is_packed(weight_t: torch.Tensor) -> bool:
@@ -97,8 +131,40 @@ def _onednn_linear_t(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return y.view(*lead, n)
 
 
-# The product is in the weight's dtype.
-_LIB = register_linear_op(OP_NAME, _onednn_linear_t, lambda weight_t: weight_t.dtype)
+# The product is in the weight's dtype. The CPU kernel is chosen by kernel().
+_LIB = register_linear_op(OP_NAME, None, lambda weight_t: weight_t.dtype)
+
+
+@functools.cache
+def kernel() -> str:
+    """Which CPU kernel the op runs: ``native`` (C++) or ``python``; decided once per process.
+
+    Building the C++ kernel happens here, on first use (a model load), not at
+    import: the user's process and processes that never load weights skip it.
+    """
+    try:
+        load_torch_extension(_NATIVE_SOURCE, python_module=False)
+    except NativeKernelUnavailable as exc:
+        logger.info("cpu target: oneDNN linear op in Python (%s)", exc)
+        if not torch._C._dispatch_has_kernel_for_dispatch_key(QUALNAME, "CPU"):
+            _LIB.impl(OP_NAME, _onednn_linear_t, "CPU")
+        return "python"
+    rows = settings.get("SPYRE_CPU_GEMM_HOST_ROWS")
+    address = 0
+    if rows:
+        reason = host_gemm.kernel_unavailable_reason(torch.bfloat16)
+        if reason is None:
+            address = host_gemm.kernel_address()
+        else:
+            logger.info("cpu target: SPYRE_CPU_GEMM_HOST_ROWS=%d unused: %s", rows, reason)
+    global _host_rows
+    _host_rows = rows if address else 0
+    torch.ops.spyre_inference_native.set_host_gemm(address, _host_rows)
+    logger.info(
+        "cpu target: oneDNN linear op in C++%s",
+        f", products of <= {rows} rows on the host GEMM kernel" if address else "",
+    )
+    return "native"
 
 
 def onednn_linear_t(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
@@ -107,7 +173,9 @@ def onednn_linear_t(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
+    "host_gemm_rows",
     "is_packed",
+    "kernel",
     "onednn_linear_t",
     "pack",
     "packed_bytes",

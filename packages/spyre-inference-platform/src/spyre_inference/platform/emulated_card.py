@@ -45,7 +45,7 @@ import torch
 
 from spyre_inference.platform import settings
 from spyre_inference.platform.logs import get_logger
-from spyre_inference.platform.native_build import NativeKernelUnavailable, kernel_cache_dir
+from spyre_inference.platform.native_build import load_torch_extension
 
 logger = get_logger(__name__)
 
@@ -100,25 +100,9 @@ def _source_key() -> str:
 
 @functools.cache
 def _extension() -> types.ModuleType:
-    from torch.utils.cpp_extension import load
-
-    text = SOURCE.read_bytes()
-    key = hashlib.sha256(text + torch.__version__.encode()).hexdigest()[:12]
-    build_dir = kernel_cache_dir() / f"emulated-device-{key}"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        return load(
-            name=f"spyre_emulated_device_{key}",
-            sources=[str(SOURCE)],
-            extra_cflags=["-O2"],
-            build_directory=str(build_dir),
-            verbose=False,
-        )
-    except Exception as exc:  # a compiler or header problem: say what is missing
-        raise NativeKernelUnavailable(
-            f"the emulated Spyre device could not be built ({exc}); it needs a C++ "
-            "compiler, ninja and torch's headers"
-        ) from exc
+    ext = load_torch_extension(SOURCE)
+    assert ext is not None
+    return ext
 
 
 @functools.cache

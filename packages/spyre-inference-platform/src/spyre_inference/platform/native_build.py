@@ -26,6 +26,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import types
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -182,6 +183,44 @@ def load_kernel(source: Path, supported: Sequence[str] = ("avx2",)) -> tuple[cty
     return ctypes.CDLL(str(build(source, isa.cflags))), isa.name
 
 
+def load_torch_extension(
+    source: Path, *, python_module: bool = True, cflags: Sequence[str] = ("-O2",)
+) -> types.ModuleType | None:
+    """Build (once per machine and torch version) and load a C++ file using torch's headers.
+
+    For kernels that must be torch operators (a ``TORCH_LIBRARY`` registration
+    the dispatcher calls without Python) or a device backend: unlike the C
+    kernels above they need a C++ compiler, ninja and torch's headers, and a
+    first build takes tens of seconds. ``python_module=False`` loads the library
+    for its registrations only (returns None). Raises
+    :class:`NativeKernelUnavailable` saying what is missing.
+    """
+    import torch
+    from torch.utils.cpp_extension import load
+
+    text = source.read_bytes()
+    key = hashlib.sha256(text + torch.__version__.encode() + " ".join(cflags).encode()).hexdigest()[
+        :12
+    ]
+    name = f"spyre_{source.stem}_{key}"
+    build_dir = kernel_cache_dir() / f"{source.stem}-{key}"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return load(
+            name=name,
+            sources=[str(source)],
+            extra_cflags=list(cflags),
+            build_directory=str(build_dir),
+            is_python_module=python_module,
+            verbose=False,
+        )
+    except Exception as exc:  # a compiler or header problem: say what is missing
+        raise NativeKernelUnavailable(
+            f"{source.name} could not be built ({exc}); it needs a C++ compiler, ninja "
+            "and torch's headers"
+        ) from exc
+
+
 __all__ = [
     "AVX2_CFLAGS",
     "AVX2_CPU_FLAGS",
@@ -195,5 +234,6 @@ __all__ = [
     "cpu_flags",
     "kernel_cache_dir",
     "load_kernel",
+    "load_torch_extension",
     "select_isa",
 ]

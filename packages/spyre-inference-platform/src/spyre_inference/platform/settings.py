@@ -60,6 +60,13 @@ def _positive_int(raw: str) -> int:
     return value
 
 
+def _non_negative_int(raw: str) -> int:
+    value = int(raw)
+    if value < 0:
+        raise ValueError("must be 0 or a positive integer")
+    return value
+
+
 def _positive_float(raw: str) -> float:
     value = float(raw)
     if not value > 0:
@@ -193,6 +200,16 @@ SETTINGS: tuple[Setting, ...] = (
         "1.5-2x faster GEMMs, one more copy of the weights in host memory); `off` runs "
         "torch's matmul on the `[in, out]` weight alone.",
         choices=("auto", "off"),
+    ),
+    Setting(
+        "SPYRE_CPU_GEMM_HOST_ROWS",
+        "0",
+        "cpu target, with SPYRE_CPU_GEMM_PACK=auto: products of at most this many rows "
+        "(a decode step of that many sequences) run on the plugin's host GEMM kernel on "
+        "the `[in, out]` weight instead of oneDNN, whose fixed cost per call dominates "
+        "there; 0 sends every product to oneDNN. Needs the C++ linear op (a C++ compiler, "
+        "ninja and torch's headers).",
+        parse=_non_negative_int,
     ),
     Setting(
         "SPYRE_CPU_ISA",

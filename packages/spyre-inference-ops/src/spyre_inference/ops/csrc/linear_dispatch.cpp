@@ -1,0 +1,120 @@
+// The cpu target's linear op as a C++ kernel: no Python between the block
+// graph and the GEMM.
+//
+// The block graphs call spyre_inference::onednn_linear_t once per linear layer
+// (120 times per decode step for a 30-layer Llama). Registered from Python, each
+// call went dispatcher -> Python -> dispatcher -> oneDNN; this kernel goes
+// dispatcher -> C++ -> oneDNN (or the host GEMM kernel) directly.
+//
+// State, set from Python (spyre_inference.ops.onednn_linear) through the ops
+// below, never during a step:
+//  * the oneDNN-packed copy of every [in, out] weight of record, keyed by the
+//    weight's data pointer (packed once at load; replaced after a reload);
+//  * optionally a host GEMM kernel (csrc/host_gemm.c, loaded by ctypes) and
+//    the largest row count it serves: at a few rows oneDNN's fixed per-call
+//    cost dominates a product that only streams the weight once.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string_view>
+#include <unordered_map>
+
+namespace {
+
+// spyre_gemm_w16 of csrc/host_gemm.c: y[M, N] = x[M, K] (float32) @ w[K, N]
+// (bfloat16 or float16), accumulated in float32. Returns non-zero on failure.
+using HostGemm = int (*)(const float*, long, long, long, const void*, long, long, float*, long,
+                         int, int);
+
+std::shared_mutex g_lock;
+std::unordered_map<const void*, at::Tensor> g_packed;
+HostGemm g_host_gemm = nullptr;
+int64_t g_host_gemm_max_rows = 0;
+
+at::Tensor onednn_product(const at::Tensor& x2, const at::Tensor& packed) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&,
+                                         const std::optional<at::Tensor>&, std::string_view,
+                                         c10::List<std::optional<c10::Scalar>>,
+                                         std::optional<std::string_view>)>();
+  return op.call(x2, packed, std::nullopt, "none", c10::List<std::optional<c10::Scalar>>(), "");
+}
+
+at::Tensor host_product(const at::Tensor& x2, const at::Tensor& weight_t, HostGemm gemm) {
+  const int64_t m = x2.size(0), k = x2.size(1), n = weight_t.size(1);
+  at::Tensor xf = x2.to(at::kFloat).contiguous();
+  at::Tensor w = weight_t.stride(1) == 1 ? weight_t : weight_t.contiguous();
+  at::Tensor y = at::empty({m, n}, x2.options().dtype(at::kFloat));
+  const int failed = gemm(xf.data_ptr<float>(), m, k, xf.stride(0), w.data_ptr(), n, w.stride(0),
+                          y.data_ptr<float>(), n, w.scalar_type() == at::kHalf ? 1 : 0,
+                          at::get_num_threads());
+  TORCH_CHECK(!failed, "host GEMM [", m, ", ", k, "] x [", k, ", ", n,
+              "]: no memory for its scratch");
+  return y.to(weight_t.scalar_type());
+}
+
+at::Tensor onednn_linear_t(const at::Tensor& x, const at::Tensor& weight_t) {
+  TORCH_CHECK(weight_t.dim() == 2, "onednn_linear_t takes a 2-D [in, out] weight");
+  const int64_t k = weight_t.size(0), n = weight_t.size(1);
+  TORCH_CHECK(x.size(-1) == k, "onednn_linear_t: x has ", x.size(-1), " features, the weight ",
+              k, " rows");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor x2 = x.reshape({-1, k});
+  if (x2.scalar_type() != weight_t.scalar_type()) {
+    x2 = x2.to(weight_t.scalar_type());
+  }
+  x2 = x2.contiguous();
+  at::Tensor packed;
+  HostGemm gemm;
+  int64_t max_rows;
+  {
+    std::shared_lock<std::shared_mutex> read(g_lock);
+    gemm = g_host_gemm;
+    max_rows = g_host_gemm_max_rows;
+    auto it = g_packed.find(weight_t.data_ptr());
+    if (it != g_packed.end()) packed = it->second;
+  }
+  if (gemm != nullptr && x2.size(0) > 0 && x2.size(0) <= max_rows) {
+    return host_product(x2, weight_t, gemm).view(shape);
+  }
+  TORCH_CHECK(packed.defined(), "onednn_linear_t: the [in, out] weight ", weight_t.sizes(),
+              " has no packed copy (ops.onednn_linear.pack must run at load and after its "
+              "values change)");
+  return onednn_product(x2, packed).view(shape);
+}
+
+void register_packed(const at::Tensor& weight_t, const at::Tensor& packed) {
+  std::unique_lock<std::shared_mutex> write(g_lock);
+  g_packed[weight_t.data_ptr()] = packed;
+}
+
+void forget_packed(int64_t address) {
+  std::unique_lock<std::shared_mutex> write(g_lock);
+  g_packed.erase(reinterpret_cast<const void*>(address));
+}
+
+void set_host_gemm(int64_t address, int64_t max_rows) {
+  std::unique_lock<std::shared_mutex> write(g_lock);
+  g_host_gemm = reinterpret_cast<HostGemm>(address);
+  g_host_gemm_max_rows = address ? max_rows : 0;
+}
+
+}  // namespace
+
+// The op's schema and fake kernel are defined from Python (ops.linear_op), so
+// the op exists with or without this library; this adds the CPU kernel.
+TORCH_LIBRARY_IMPL(spyre_inference, CPU, m) { m.impl("onednn_linear_t", &onednn_linear_t); }
+
+TORCH_LIBRARY_FRAGMENT(spyre_inference_native, m) {
+  m.def("register_packed(Tensor weight_t, Tensor packed) -> ()", &register_packed);
+  m.def("forget_packed(int address) -> ()", &forget_packed);
+  m.def("set_host_gemm(int address, int max_rows) -> ()", &set_host_gemm);
+}
