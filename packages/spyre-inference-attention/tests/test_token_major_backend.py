@@ -296,6 +296,81 @@ def test_through_vllm_attention_layer(vllm_config, window):
     torch.testing.assert_close(out[:n].double(), reference(step), **FP32_TOL)
 
 
+def test_cpu_target_attends_rows_on_the_host_kernel(vllm_config, monkeypatch):
+    """cpu target: decodes and a short prefill (7 rows padded onto a 64-row bucket) are
+    host-kernel rows, attended in one call per layer; a 63-row chunk over 1837 cached
+    tokens stays on its graph (it would cost the kernel more than its padded tile).
+    The output equals plain PyTorch attention either way."""
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.layers.attention import Attention
+
+    from spyre_inference.attention import policy
+    from spyre_inference.attention.ops import host_decode
+
+    reset_settings(monkeypatch, SPYRE_BATCHED_DECODE=None)
+    case = Case([300, 1900, 129, 7], [1, 63, 1, 7], pad_tokens=2)
+    if not policy.use_host_decode(
+        None, False, case.dtype, case.head_size, case.num_heads, case.num_kv_heads
+    ):
+        pytest.skip("the host decode kernel is not used here")
+    name = "model.layers.2.self_attn.attn"
+    with set_current_vllm_config(vllm_config):
+        layer = Attention(
+            num_heads=case.num_heads,
+            head_size=case.head_size,
+            scale=case.head_size**-0.5,
+            num_kv_heads=case.num_kv_heads,
+            cache_config=vllm_config.cache_config,
+            prefix=name,
+            attn_backend=SpyreAttentionBackend,
+        )
+    step = prepare(case, vllm_config.cache_config.block_size)
+    layer.bind_kv_cache(step.kv_cache)
+    builder = SpyreAttentionMetadataBuilder(step.spec, [name], vllm_config, torch.device("cpu"))
+    metadata = builder.build(0, step.common)
+
+    assert [s.query_len for s in metadata.seqs] == [63]
+    assert metadata.decode is None
+    host = metadata.host
+    assert host is not None and not host.leading
+    # Query rows: request 0 is row 0, request 1 rows 1..63, request 2 row 64, request 3 65..71.
+    assert host.rows.tolist() == [0, 64, *range(65, 72)]
+    assert host.positions.tolist() == [299, 128, *range(7)]
+    # Pages of the longest host sequence (300 tokens: 5 pages) onto their bucket (8).
+    assert host.block_ids.shape == (9, 8)
+    assert host.block_ids[0, :5].tolist() == step.block_table[0, :5].tolist()
+    assert host.block_ids[1, :3].tolist() == step.block_table[2, :3].tolist()
+    assert set(host.block_ids[1, 3:].tolist()) == {NULL_BLOCK}
+    mask = metadata.host_mask(None)
+    assert (mask[2, :1] == 0).all() and (mask[2, 1:] < -1e30).all()  # first prompt token
+
+    tokens = step.query.shape[0]
+    calls = host_decode.calls()
+    with set_forward_context(
+        {name: metadata}, vllm_config, slot_mapping={name: step.common.slot_mapping}
+    ):
+        out = layer(
+            step.query.reshape(tokens, -1),
+            step.key.reshape(tokens, -1),
+            step.value.reshape(tokens, -1),
+        )
+    assert host_decode.calls() == calls + 1
+    n = step.num_actual_tokens
+    out = out.view(tokens, case.num_heads, case.head_size)
+    torch.testing.assert_close(out[:n].double(), reference(step), **FP32_TOL)
+    assert (out[n:] == 0).all()
+
+
+def test_host_rows_cost_rule():
+    """The prefill routing rule on its own: padding waste sends a prefill to the host
+    kernel, a long context keeps it on the graph."""
+    from spyre_inference.attention.policy import host_rows_win
+
+    assert host_rows_win(128, 0, 512, 128)  # a short prompt on a 512-row bucket
+    assert not host_rows_win(500, 1500, 512, 2048)  # a full chunk over a long context
+    assert not host_rows_win(512, 3584, 512, 4096)
+
+
 # ---- the builder's plan -------------------------------------------------------
 
 

@@ -69,6 +69,27 @@ def use_host_decode(
     return host_decode.unavailable_reason(cache_dtype, head_size, num_heads, num_kv_heads) is None
 
 
+#: cpu target: cost of one (query row, key) pair in the host kernel, in units of
+#: one (padded row, key) cell of the compiled graph's flash kernel. Measured on
+#: a 2-core AMD EPYC (Zen 4) with SmolLM2-135M's heads (9 over 3, head 64): the
+#: kernel ~35-59 ns per pair (it reads each key's K|V row once per query row),
+#: the graph ~26 ns per cell (GEMM tiles over the padded query and page bucket).
+HOST_ROW_COST = 2.0
+
+
+def host_rows_win(q_len: int, context_len: int, query_bucket: int, kv_tokens: int) -> bool:
+    """Whether a prefill of ``q_len`` rows is cheaper on the host kernel than its graph.
+
+    The graph computes the whole ``query_bucket x kv_tokens`` tile, padding
+    included; the kernel only the causal keys of the real rows, about
+    ``q_len * (context_len + (q_len + 1) / 2)`` pairs, at :data:`HOST_ROW_COST`
+    times the price. Short prompts padded onto a 512-row bucket go to the
+    kernel; long chunks over long contexts stay on the graph's GEMMs.
+    """
+    pairs = q_len * (context_len + (q_len + 1) / 2)
+    return pairs * HOST_ROW_COST <= query_bucket * kv_tokens
+
+
 def host_kv_store() -> bool:
     """Whether the cpu target runs the KV store eagerly although the model compiles.
 

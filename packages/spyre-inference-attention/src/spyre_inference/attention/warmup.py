@@ -126,7 +126,14 @@ def _decoder_steps(runner: Any, group: Any, impl: Any, kv_cache: torch.Tensor) -
 
     def attend(q_lens: list[int], seq_lens: list[int]) -> None:
         cm = _common_metadata(q_lens, seq_lens, block_size, causal=True)
-        metadata = builder.build(0, cm)
+        # Every graph variant compiles, including those the cpu target's host
+        # kernel would take for these lengths: a served prefill of other
+        # lengths in the same buckets runs on the graph.
+        builder.prefill_on_host = False
+        try:
+            metadata = builder.build(0, cm)
+        finally:
+            builder.prefill_on_host = True
         n = cm.num_actual_tokens
         query = torch.zeros(
             (n, impl.num_heads, impl.head_size), dtype=dtype, device=kv_cache.device
@@ -153,7 +160,8 @@ def _decoder_steps(runner: Any, group: Any, impl: Any, kv_cache: torch.Tensor) -
                 lambda q_len=q_len, seq_len=seq_len: attend([q_len], [seq_len]),
             )
         )
-    if builder.batched_decode:
+    # On the cpu target's host kernel, decodes compile nothing.
+    if builder.batched_decode and not builder.host_rows_capable():
         for num_seqs, kv_bucket in bucketer.decode_variants():
             seq_len = seq_len_for(kv_bucket)
             steps.append(

@@ -55,6 +55,7 @@ class SpyreHeadMajorMetadataBuilder(SpyreAttentionMetadataBuilder):
     """The token-major planning plus the folded-cache rows of every page."""
 
     supports_batched_decode: ClassVar[bool] = False
+    supports_host_rows: ClassVar[bool] = False
 
     def _page_index(self, block_ids: torch.Tensor) -> torch.Tensor:
         # Row of (block, kv_head) in the folded cache: block * KVH + kv_head,

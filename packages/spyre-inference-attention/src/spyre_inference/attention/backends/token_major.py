@@ -21,7 +21,11 @@ The KV cache of a layer is one dense tensor whose pages are token-major,
    second op's dispatch and Python on every layer of every step.
 3. **Page attention (device).** A host loop dispatches the compiled
    per-sequence kernel for every multi-row sequence, and the batched-decode
-   kernel once for all decodes; query rows are gathered on the device.
+   kernel once for all decodes; query rows are gathered on the device. On the
+   cpu target the decodes, and every prefill for which it is cheaper than its
+   padded graph (:func:`~spyre_inference.attention.policy.host_rows_win`), run
+   instead as one call of the host kernel per layer, one entry per query row
+   (:class:`HostRows`).
 4. **Write-back (device).** Each result is copied device-to-device into the
    layer's output buffer.
 
@@ -167,6 +171,30 @@ class DecodeBatch:
 
 
 @dataclasses.dataclass
+class HostRows:
+    """cpu target: the step's query rows the host kernel attends, one kernel entry per row.
+
+    Every row carries its own page table row and mask row, so decodes and the
+    rows of prefills share one call per layer and nothing is padded to a
+    query bucket (the host kernel compiles nothing; pages keep their bucket).
+    """
+
+    #: ``[R]`` int64: the step's query rows, ascending
+    rows: torch.Tensor
+    #: the rows are exactly ``0 .. R-1`` (a slice instead of a gather/scatter)
+    leading: bool
+    #: ``[R]`` int64 host tensor: position of each row's token in its sequence
+    positions: torch.Tensor
+    #: ``[R, kv_block_bucket]`` int64: page ids of each row's sequence, null-padded
+    block_ids: torch.Tensor
+    kv_block_bucket: int
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.rows.shape[0])
+
+
+@dataclasses.dataclass
 class SpyreAttentionMetadata(AttentionMetadata):
     """Everything a layer needs for one step, built once per KV-cache group."""
 
@@ -181,7 +209,10 @@ class SpyreAttentionMetadata(AttentionMetadata):
     #: copy through the forward context; tests drive the store with this one).
     slot_mapping: torch.Tensor
     stats_dtype: torch.dtype
+    #: cpu target: rows the host kernel attends (None: none, or not this target)
+    host: HostRows | None = None
     _masks: dict[int | None, list[torch.Tensor]] = dataclasses.field(default_factory=dict)
+    _host_masks: dict[int | None, torch.Tensor] = dataclasses.field(default_factory=dict)
     _decode_masks: dict[int | None, torch.Tensor] = dataclasses.field(default_factory=dict)
     _alibi: list[torch.Tensor] | None = None
     _decode_alibi: torch.Tensor | None = None
@@ -247,6 +278,22 @@ class SpyreAttentionMetadata(AttentionMetadata):
             self._decode_masks[sliding_window] = mask
         return mask
 
+    def host_mask(self, sliding_window: int | None) -> torch.Tensor:
+        """``[R, kv_tokens]`` float32 mask of the host rows: causal, within the window."""
+        assert self.host is not None
+        mask = self._host_masks.get(sliding_window)
+        if mask is None:
+            host = self.host
+            pos = host.positions.unsqueeze(1)
+            keys = torch.arange(host.kv_block_bucket * self.block_size).unsqueeze(0)
+            keep = keys <= pos
+            if sliding_window is not None:
+                keep &= (pos - keys) < sliding_window
+            mask = torch.zeros(keep.shape, dtype=torch.float32)
+            mask.masked_fill_(~keep, ops.mask_value(torch.float32))
+            self._host_masks[sliding_window] = mask
+        return mask
+
     def alibi_biases(self) -> list[torch.Tensor]:
         """Per-sequence ALiBi position tiles (built on first use by an ALiBi layer)."""
         if self._alibi is None:
@@ -304,6 +351,8 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
     reorder_batch_threshold: int | None = None
     #: Whether this layout has the batched-decode kernel.
     supports_batched_decode: ClassVar[bool] = True
+    #: Whether the cpu target's host kernel reads this layout's pages.
+    supports_host_rows: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -318,6 +367,10 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
         self.bucketer = make_bucketer(vllm_config, self.block_size)
         self.stats_dtype = softmax_stats_dtype(kv_cache_spec.dtype)
         self.batched_decode = self.supports_batched_decode and policy.batched_decode_requested()
+        #: cpu target: prefills may run on the host kernel when cheaper (warm-up
+        #: turns this off while it compiles every graph variant).
+        self.prefill_on_host = True
+        self._host_capable: bool | None = None
 
     def _group_impls(self) -> list[Any]:
         context = self.vllm_config.compilation_config.static_forward_context
@@ -327,6 +380,31 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
             if isinstance(impl, SpyreAttentionImpl):
                 impls.append(impl)
         return impls
+
+    def host_rows_capable(self) -> bool:
+        """Whether every layer of the group runs on the cpu target's host kernel.
+
+        Decided on the first step (the layers are registered by then); a group
+        without layers of this backend (a bare builder) keeps the graphs.
+        """
+        if self._host_capable is None:
+            impls = self._group_impls()
+            self._host_capable = (
+                self.supports_host_rows
+                and bool(impls)
+                and all(
+                    policy.use_host_decode(
+                        impl.logits_soft_cap,
+                        impl.alibi_slopes is not None,
+                        self.kv_cache_spec.dtype,
+                        impl.head_size,
+                        impl.num_heads,
+                        impl.num_kv_heads,
+                    )
+                    for impl in impls
+                )
+            )
+        return self._host_capable
 
     def _group_windows(self) -> set[int | None]:
         """Sliding windows of this group's layers (None: full attention)."""
@@ -389,6 +467,35 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
             block_ids=placement.to_device(block_ids),
         )
 
+    def _host_rows(
+        self,
+        entries: list[tuple[int, int, int, int]],
+        block_table: torch.Tensor,
+    ) -> HostRows:
+        """The host kernel's rows from ``(q_start, q_len, seq_len, request)`` entries."""
+        entries.sort()
+        q_lens = torch.tensor([e[1] for e in entries], dtype=torch.int64)
+        seq_lens = torch.tensor([e[2] for e in entries], dtype=torch.int64)
+        reqs = torch.tensor([e[3] for e in entries], dtype=torch.int64)
+        pages = (seq_lens + self.block_size - 1) // self.block_size
+        kv_bucket = self.bucketer.kv_bucket(int(pages.max()))
+        width = min(kv_bucket, block_table.shape[1])
+        table = block_table[reqs, :width].to(torch.int64)
+        used = torch.arange(width).unsqueeze(0) < pages.unsqueeze(1)
+        per_seq = torch.full((len(entries), kv_bucket), NULL_BLOCK, dtype=torch.int64)
+        per_seq[:, :width] = torch.where(used, table, NULL_BLOCK)
+        rows = torch.cat([torch.arange(e[0], e[0] + e[1], dtype=torch.int64) for e in entries])
+        # Row i of a sequence's query is the token at context_len + i.
+        starts = torch.tensor([e[0] for e in entries], dtype=torch.int64)
+        first = torch.repeat_interleave(seq_lens - q_lens - starts, q_lens)
+        return HostRows(
+            rows=rows,
+            leading=int(rows[-1]) == rows.shape[0] - 1,
+            positions=rows + first,
+            block_ids=torch.repeat_interleave(per_seq, q_lens, dim=0),
+            kv_block_bucket=kv_bucket,
+        )
+
     def build(
         self,
         common_prefix_len: int,
@@ -405,7 +512,9 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
         seq_lens = placement.to_host(cm.seq_lens).tolist()
         block_table = placement.to_host(cm.block_table_tensor)
 
+        on_host = self.host_rows_capable()
         seqs: list[SequencePlan] = []
+        host_entries: list[tuple[int, int, int, int]] = []
         decode_rows: list[int] = []
         decode_lens: list[int] = []
         decode_reqs: list[int] = []
@@ -416,9 +525,23 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
                 continue
             seq_len = int(seq_lens[i])
             if q_len == 1 and self.batched_decode:
+                if on_host:
+                    host_entries.append((q_start, 1, seq_len, i))
+                    continue
                 decode_rows.append(q_start)
                 decode_lens.append(seq_len)
                 decode_reqs.append(i)
+            elif (
+                on_host
+                and self.prefill_on_host
+                and policy.host_rows_win(
+                    q_len,
+                    seq_len - q_len,
+                    self.bucketer.query_bucket(q_len),
+                    self.bucketer.kv_bucket(cdiv(seq_len, self.block_size)) * self.block_size,
+                )
+            ):
+                host_entries.append((q_start, q_len, seq_len, i))
             else:
                 seqs.append(self._sequence_plan(q_start, q_len, seq_len, block_table[i]))
 
@@ -427,6 +550,7 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
             if decode_rows
             else None
         )
+        host = self._host_rows(host_entries, block_table) if host_entries else None
         metadata = SpyreAttentionMetadata(
             num_actual_tokens=cm.num_actual_tokens,
             num_reqs=cm.num_reqs,
@@ -435,12 +559,15 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
             decode=decode,
             slot_mapping=cm.slot_mapping,
             stats_dtype=self.stats_dtype,
+            host=host,
         )
         impls = self._group_impls()
         for window in {impl.sliding_window for impl in impls}:
             metadata.tile_masks(window)
             if decode is not None:
                 metadata.decode_mask(window)
+            if host is not None:
+                metadata.host_mask(window)
         if any(impl.alibi_slopes is not None for impl in impls):
             metadata.alibi_biases()
             if decode is not None:
@@ -541,9 +668,6 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         compiled = policy.model_compiles(vllm_config)
         self.compile_kernels = compiled
         self.compile_store = compiled
-        #: Decodes through the cpu target's host kernel (decided on first use,
-        #: when the KV cache's dtype is known).
-        self._host_decode: bool | None = None
 
     def _cache_views(self, kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(token-major pages, slot-major view)`` of ``kv_cache``, made once per cache."""
@@ -666,6 +790,8 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         self._attend_sequences(query, kv_cache, attn_metadata, output)
         if attn_metadata.decode is not None:
             self._attend_decodes(query, kv_cache, attn_metadata, output)
+        if attn_metadata.host is not None:
+            self._attend_host_rows(query, kv_cache, attn_metadata, output)
         # Padding rows of the step are zeroed, not left uninitialised: they flow
         # through the next layers into K/V written to the null block, and a NaN
         # there would survive an additive mask.
@@ -715,28 +841,6 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         assert batch is not None
         slopes = self._alibi_on_device(md.stats_dtype)
         q = query.index_select(0, batch.q_index)
-        if self._host_decode is None:
-            self._host_decode = policy.use_host_decode(
-                self.logits_soft_cap,
-                slopes is not None,
-                kv_cache.dtype,
-                self.head_size,
-                self.num_heads,
-                self.num_kv_heads,
-            )
-        if self._host_decode:
-            # cpu target: the host kernel in place of the card's compiled graph
-            # (same block table and mask; see ops.host_decode).
-            result = ops.host_decode.paged_decode(
-                q,
-                self._cache_views(kv_cache)[0],
-                batch.block_ids,
-                md.decode_mask(self.sliding_window),
-                self.scale,
-                out_dtype=query.dtype,
-            )
-            output.index_copy_(0, batch.out_index, result[: batch.num_seqs])
-            return
         result = ops.BATCHED_DECODE(
             self.compile_kernels,
             q,
@@ -751,6 +855,32 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             policy.use_flash(self.logits_soft_cap, query.dtype),
         )
         output.index_copy_(0, batch.out_index, result[: batch.num_seqs])
+
+    def _attend_host_rows(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: SpyreAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        """cpu target: the host kernel over the step's host rows, in place of the
+        card's compiled graphs (same pages; see ops.host_decode)."""
+        host = md.host
+        assert host is not None
+        n = host.num_rows
+        q = query[:n] if host.leading else query.index_select(0, host.rows)
+        result = ops.host_decode.paged_decode(
+            q,
+            self._cache_views(kv_cache)[0],
+            host.block_ids,
+            md.host_mask(self.sliding_window),
+            self.scale,
+            out_dtype=query.dtype,
+        )
+        if host.leading:
+            output[:n].copy_(result)
+        else:
+            output.index_copy_(0, host.rows, result)
 
 
 class SpyreAttentionBackend(AttentionBackend):
