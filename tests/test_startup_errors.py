@@ -125,6 +125,7 @@ INVALID_SETTING_VALUES = {
     "SPYRE_CPU_GEMM_DTYPE": "bfloat16",
     "SPYRE_CPU_GEMM_KERNEL": "avx512",
     "SPYRE_CPU_GEMM_PACK": "on",
+    "SPYRE_CPU_GEMM_HOST_ROWS": "-1",
     "SPYRE_CPU_ISA": "sse4",
     "SPYRE_CPU_ATTN_KERNEL": "avx2",
     "SPYRE_DEFAULT_MODEL_DIR": "{a_file}",
@@ -219,8 +220,10 @@ def test_forced_cpu_isa_is_used_or_refused_at_start_up(tiny_llama, monkeypatch, 
     ("option", "expected"),
     [
         ({"quantization": "fp8"}, r"quantization='fp8' .*serve an unquantized"),
-        # Refused by vLLM's own check (the platform reports sleep mode unavailable).
-        ({"enable_sleep_mode": True}, r"Sleep mode is not supported on current platform"),
+        (
+            {"enable_sleep_mode": True},
+            r"sleep mode \(--enable-sleep-mode.*not supported.*Remove --enable-sleep-mode",
+        ),
     ],
     ids=["fp8", "sleep"],
 )

@@ -107,6 +107,14 @@ class TorchSpyrePlatform(Platform):
         return torch.no_grad()
 
     @classmethod
+    def is_sleep_mode_available(cls) -> bool:
+        # Reported available so that vLLM's own generic refusal ("not supported
+        # on current platform") does not pre-empt the start-up check, which
+        # refuses --enable-sleep-mode with the reason and the fix
+        # (startup_checks.check_engine_options).
+        return True
+
+    @classmethod
     def is_pin_memory_available(cls) -> bool:
         # Pinned host memory is a CUDA concept; torch-spyre does not use it.
         return False

@@ -116,8 +116,9 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
     host code), a
     speculative method other than ngram (or ngram without ``numba``), a
     quantized checkpoint in vLLM's kernel selection ("Failed to find a kernel
-    ..."). (Sleep mode is refused by vLLM itself: the platform reports it
-    unavailable.)
+    ..."), sleep mode (vLLM's sleep allocator is CUDA's cumem; on the cpu
+    target weights and cache already live in host memory, so there is nothing
+    to offload to).
     """
     problems: list[str] = []
     if vllm_config.lora_config is not None and device.is_spyre():
@@ -135,6 +136,13 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
         if problem:
             problems.append(problem)
     model_config = vllm_config.model_config
+    if model_config is not None and model_config.enable_sleep_mode:
+        problems.append(
+            "sleep mode (--enable-sleep-mode / enable_sleep_mode=True) is not supported by "
+            "spyre-inference: vLLM's sleep allocator is CUDA memory (cumem), and on the cpu "
+            "target the weights and KV cache already live in host memory, with nowhere to "
+            "offload them. Remove --enable-sleep-mode; to free the memory, stop the server"
+        )
     if model_config is not None and model_config.quantization is not None:
         problems.append(
             f"quantization={model_config.quantization!r} (--quantization, or the "
