@@ -148,7 +148,19 @@ def test_cancelled_streams_free_the_kv_cache(server) -> None:
     def scrape() -> str:
         return requests.get(server.url("/metrics"), timeout=30).text
 
-    generated_before = metric(scrape(), "vllm:generation_tokens_total")
+    def settled_generated() -> float:
+        # The counter is updated as the server processes engine outputs; wait
+        # until earlier requests' tokens are all in it (two equal readings).
+        last = metric(scrape(), "vllm:generation_tokens_total")
+        for _ in range(60):
+            time.sleep(0.5)
+            now = metric(scrape(), "vllm:generation_tokens_total")
+            if now == last:
+                return now
+            last = now
+        return last
+
+    generated_before = settled_generated()
 
     async def run() -> list:
         api = _client(server)
@@ -172,10 +184,13 @@ def test_cancelled_streams_free_the_kv_cache(server) -> None:
             f"KV usage {usage}, {running} running, {waiting} waiting"
         )
         time.sleep(0.5)
-    # The server stopped generating for the cancelled streams, not ran them out.
-    generated = metric(text, "vllm:generation_tokens_total") - generated_before
+    # The server stopped generating for the cancelled streams, not ran them out
+    # (that would be ~9,000 tokens: 200 per stream, or what max_model_len leaves).
+    # How many it makes before it sees a disconnect depends on the step rate and
+    # on load: ~150 alone on a 2-core VM, 2,689 once inside the full CI suite.
+    generated = settled_generated() - generated_before
     print(f"\n{streams} streams cancelled; {generated:.0f} tokens generated for them")
-    assert generated < streams * max_tokens / 4, generated
+    assert generated < streams * max_tokens / 2, generated
 
     # And it still serves, each answer the same as the request alone.
     async def after() -> tuple[list, list[str]]:

@@ -59,6 +59,7 @@ def config_only(tmp_path_factory):
         # BLOOM: ALiBi, head_dim = hidden_size / n_head.
         "alibi": _small("bloom", "BloomForCausalLM", hidden_size=256, n_layer=2, n_head=4),
         "odd_head": _small("bloom", "BloomForCausalLM", hidden_size=252, n_layer=2, n_head=4),
+        "gemma2": tiny_config("gemma2"),
     }
     return {name: save_config_only(cfg, base / name) for name, cfg in configs.items()}
 
@@ -148,6 +149,14 @@ def test_unknown_setting_value_names_the_variable_and_the_fix(
     message = str(err.value)
     assert f"{name}={value!r}" in message
     assert "use one of" in message or "Unset it to use the default" in message, message
+
+
+def test_gemma2_in_float16_keeps_vllms_refusal_on_the_cpu_target(config_only) -> None:
+    """Only the card path, whose one dtype is float16, lifts vLLM's refusal (the
+    emulated tests serve Gemma 2 there); the cpu target has bfloat16."""
+    with pytest.raises(ValueError, match=r"does not support float16"):
+        _config(config_only["gemma2"], dtype="float16")
+    assert _config(config_only["gemma2"], dtype="bfloat16").model_config is not None
 
 
 def test_interleaved_rope_is_rejected(config_only) -> None:

@@ -72,6 +72,23 @@ def test_every_copy_is_counted_by_the_device() -> None:
     assert emulated_card.transfer_counts() == (h2d + 1, d2h + 2)
 
 
+def test_float_buffers_have_float16_device_twins() -> None:
+    """Spec, host/device buffers: ``.gpu`` on Spyre as float16 whatever the host dtype;
+    int buffers stay on the host (no integer compute on the card)."""
+    from spyre_inference.platform.buffers import SpyreCpuGpuBuffer
+
+    floats = SpyreCpuGpuBuffer(6, dtype=torch.float32)
+    assert floats.gpu.device.type == "spyre" and floats.gpu.dtype == torch.float16
+    floats.cpu.copy_(torch.tensor([0.5, -1.25, 3.0, 1e-3, 7.0, 2.0]))
+    on_card = floats.copy_to_gpu(4)
+    assert on_card.dtype == torch.float16
+    assert torch.equal(on_card.cpu(), floats.cpu[:4].half())
+    floats.cpu.zero_()
+    assert torch.equal(floats.copy_to_cpu(4), torch.tensor([0.5, -1.25, 3.0, 1e-3]).half().float())
+    ints = SpyreCpuGpuBuffer(6, dtype=torch.int64)
+    assert ints.gpu is ints.cpu
+
+
 def test_device_memory_is_finite() -> None:
     stats = emulated_card.memory_stats()
     free, total = dev.device_memory_info()

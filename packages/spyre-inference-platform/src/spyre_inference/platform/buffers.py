@@ -3,8 +3,9 @@
 vLLM's ``CpuGpuBuffer`` keeps a host tensor (numpy-backed, for the scheduler)
 and a device twin. On Spyre only float tensors may live on the card, so
 int/bool buffers alias their device half to the host half (no copy ever
-happens); float buffers get a device twin in the compute dtype. On the cpu
-target every pair collapses to one host tensor.
+happens); float buffers get a device twin in float16, the card's one dtype
+(spec, "Host/device buffers": ``.gpu`` on Spyre as float16), and the copies
+convert both ways. On the cpu target every pair collapses to one host tensor.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ class SpyreCpuGpuBuffer(CpuGpuBuffer):
         )
         if dev.is_spyre() and dtype.is_floating_point:
             with torch.inference_mode(False):
-                self.gpu = torch.zeros_like(self.cpu, device=dev.device())
+                self.gpu = torch.zeros_like(
+                    self.cpu, dtype=dev.default_dtype(), device=dev.device()
+                )
         else:
             self.gpu = self.cpu
 

@@ -16,7 +16,14 @@ import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
 from spyre_inference.platform import device as dev
-from spyre_inference.platform import discovery, serve_exit, settings, startup_checks, stick_pad
+from spyre_inference.platform import (
+    discovery,
+    float16_models,
+    serve_exit,
+    settings,
+    startup_checks,
+    stick_pad,
+)
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.startup_checks import ConfigError
 
@@ -206,6 +213,10 @@ class TorchSpyrePlatform(Platform):
     def pre_register_and_update(cls, parser=None) -> None:
         # Bad plugin settings fail before anything is built.
         settings.validate_all()
+        if parser is None and dev.is_spyre():
+            # Before vLLM builds the model config (create_engine_config): the
+            # card's only dtype must not be refused for Gemma 2/3 and GLM-4.
+            float16_models.allow_on_card_path()
         if parser is not None:
             # vLLM's CLI (vllm serve): exit non-zero if the engine dies later.
             serve_exit.arm()
