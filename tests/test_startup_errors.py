@@ -60,8 +60,39 @@ def config_only(tmp_path_factory):
         "alibi": _small("bloom", "BloomForCausalLM", hidden_size=256, n_layer=2, n_head=4),
         "odd_head": _small("bloom", "BloomForCausalLM", hidden_size=252, n_layer=2, n_head=4),
         "gemma2": tiny_config("gemma2"),
+        # DeepSeek-V2: multi-head latent attention (kv_lora_rank), MoE.
+        "mla": _small(
+            "deepseek_v2",
+            "DeepseekV2ForCausalLM",
+            hidden_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            intermediate_size=512,
+            moe_intermediate_size=128,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            kv_lora_rank=64,
+            q_lora_rank=None,
+            qk_rope_head_dim=32,
+            qk_nope_head_dim=64,
+            v_head_dim=64,
+        ),
     }
     return {name: save_config_only(cfg, base / name) for name, cfg in configs.items()}
+
+
+def test_multi_head_latent_attention_is_rejected(config_only) -> None:
+    """MLA models (DeepSeek-V2/V3, Kimi) passed the start-up checks and had no backend."""
+    expected = r"DeepseekV2ForCausalLM uses multi-head latent attention .*serve a model with"
+    with pytest.raises(ValueError, match=expected):
+        _config(config_only["mla"])
+
+
+def test_pipeline_parallel_is_rejected(tiny_llama) -> None:
+    expected = r"pipeline_parallel_size=2 is not supported by spyre-inference; use --tensor"
+    with pytest.raises(ValueError, match=expected):
+        _config(tiny_llama, pipeline_parallel_size=2)
 
 
 def test_data_parallel_is_rejected(tiny_llama) -> None:

@@ -116,9 +116,10 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
     host code), a
     speculative method other than ngram (or ngram without ``numba``), a
     quantized checkpoint in vLLM's kernel selection ("Failed to find a kernel
-    ..."), sleep mode (vLLM's sleep allocator is CUDA's cumem; on the cpu
-    target weights and cache already live in host memory, so there is nothing
-    to offload to).
+    ..."), a model with multi-head latent attention (no Spyre backend for it),
+    sleep mode (vLLM's sleep allocator is CUDA's cumem; on the cpu target
+    weights and cache already live in host memory, so there is nothing to
+    offload to).
     """
     problems: list[str] = []
     if vllm_config.lora_config is not None and device.is_spyre():
@@ -136,6 +137,14 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
         if problem:
             problems.append(problem)
     model_config = vllm_config.model_config
+    if model_config is not None and model_config.use_mla:
+        architecture = ", ".join(model_config.architectures or ()) or model_config.model
+        problems.append(
+            f"{architecture} uses multi-head latent attention (MLA, the config's "
+            "kv_lora_rank), which the Spyre attention backends do not implement (they "
+            "serve vLLM's standard Attention layers only): serve a model with "
+            "multi-head, grouped-query or multi-query attention"
+        )
     if model_config is not None and model_config.enable_sleep_mode:
         problems.append(
             "sleep mode (--enable-sleep-mode / enable_sleep_mode=True) is not supported by "
