@@ -82,6 +82,18 @@ def config_only(tmp_path_factory):
     return {name: save_config_only(cfg, base / name) for name, cfg in configs.items()}
 
 
+def test_multimodal_model_is_rejected(tmp_path) -> None:
+    """A multimodal checkpoint vLLM accepts at configuration (PaliGemma, config only)
+    is refused in the user's process, by architecture."""
+    model = save_config_only(
+        AutoConfig.for_model("paligemma", architectures=["PaliGemmaForConditionalGeneration"]),
+        tmp_path / "paligemma",
+    )
+    expected = r"PaliGemmaForConditionalGeneration is a multimodal model: .*text-only checkpoint"
+    with pytest.raises(ValueError, match=expected):
+        _config(model)
+
+
 def test_multi_head_latent_attention_is_rejected(config_only) -> None:
     """MLA models (DeepSeek-V2/V3, Kimi) passed the start-up checks and had no backend."""
     expected = r"DeepseekV2ForCausalLM uses multi-head latent attention .*serve a model with"

@@ -98,7 +98,9 @@ def test_statuses_come_from_the_results(tool, tmp_path: Path) -> None:
     assert _status_of(page, title["data_parallel"]) == "refused clearly"
     assert _status_of(page, title["model_llama"]) == "passed"  # by node-id pattern
     assert _status_of(page, title["op_linear"]) == "not run"  # ops session absent
-    assert _status_of(page, title["multimodal"]) == "not tested"
+    assert _status_of(page, title["multimodal"]) == "not run"  # its test is not in the run
+    untested = tool.Feature("x", "Engine features", "a feature without tests", "spec")
+    assert tool.status(untested, []) == "not tested"
     assert "needs a Spyre card" in page
     assert "measured: worst=1e-06" in page  # figures recorded with record_property
     assert "Run: `e2e` (undated: 1 failed, 3 passed, 1 skipped)" in page

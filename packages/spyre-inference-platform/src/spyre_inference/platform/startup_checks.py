@@ -116,7 +116,8 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
     host code), a
     speculative method other than ngram (or ngram without ``numba``), a
     quantized checkpoint in vLLM's kernel selection ("Failed to find a kernel
-    ..."), a model with multi-head latent attention (no Spyre backend for it),
+    ..."), a multimodal model (its encoders are not verified), a model with
+    multi-head latent attention (no Spyre backend for it),
     sleep mode (vLLM's sleep allocator is CUDA's cumem; on the cpu target
     weights and cache already live in host memory, so there is nothing to
     offload to).
@@ -137,6 +138,13 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
         if problem:
             problems.append(problem)
     model_config = vllm_config.model_config
+    if model_config is not None and model_config.is_multimodal_model:
+        architecture = ", ".join(model_config.architectures or ()) or model_config.model
+        problems.append(
+            f"{architecture} is a multimodal model: spyre-inference serves text-only "
+            "decoder and encoder models, and its image/audio encoders have not been "
+            "verified on either target. Serve a text-only checkpoint of the model"
+        )
     if model_config is not None and model_config.use_mla:
         architecture = ", ".join(model_config.architectures or ()) or model_config.model
         problems.append(
