@@ -138,15 +138,18 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
         if problem:
             problems.append(problem)
     model_config = vllm_config.model_config
+    architecture = (
+        ", ".join(model_config.architectures or ()) or model_config.model
+        if model_config is not None
+        else ""
+    )
     if model_config is not None and model_config.is_multimodal_model:
-        architecture = ", ".join(model_config.architectures or ()) or model_config.model
         problems.append(
             f"{architecture} is a multimodal model: spyre-inference serves text-only "
             "decoder and encoder models, and its image/audio encoders have not been "
             "verified on either target. Serve a text-only checkpoint of the model"
         )
     if model_config is not None and model_config.use_mla:
-        architecture = ", ".join(model_config.architectures or ()) or model_config.model
         problems.append(
             f"{architecture} uses multi-head latent attention (MLA, the config's "
             "kv_lora_rank), which the Spyre attention backends do not implement (they "
