@@ -30,32 +30,87 @@ LLAMA3 = {
     "high_freq_factor": 4.0,
     "orig_max_position": 64,
 }
-CASES = [("RotaryEmbedding", {}), ("Llama3RotaryEmbedding", LLAMA3)]
+
+#: rope_parameters (as in a checkpoint's config.json) -> the class get_rope builds.
+#: Scaled tables are longer than MAX_POS where the variant tabulates
+#: ``original_max_position * factor`` rows.
+VARIANTS = {
+    "default": ({"rope_type": "default"}, "RotaryEmbedding"),
+    "llama3": (
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        "Llama3RotaryEmbedding",
+    ),
+    "yarn": (
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        "YaRNScalingRotaryEmbedding",
+    ),
+    "yarn_attention_factor": (
+        {
+            "rope_type": "yarn",
+            "factor": 32.0,
+            "original_max_position_embeddings": 16,
+            "beta_fast": 16,
+            "beta_slow": 2,
+            "attention_factor": 1.3,
+            "truncate": False,
+        },
+        "YaRNScalingRotaryEmbedding",
+    ),
+    "linear": ({"rope_type": "linear", "factor": 8.0}, "LinearScalingRotaryEmbedding"),
+    "ntk": ({"rope_type": "ntk", "factor": 2.0, "mixed_b": 0.8}, "NTKScalingRotaryEmbedding"),
+    "dynamic": ({"rope_type": "dynamic", "factor": 2.0}, "DynamicNTKScalingRotaryEmbedding"),
+    "dynamic_alpha": (
+        {"rope_type": "dynamic", "alpha": 1000.0},
+        "DynamicNTKAlphaRotaryEmbedding",
+    ),
+}
+
+
+def _get_rope(params, dtype, head=HEAD):
+    """vLLM's get_rope on a cleared instance cache (it memoises by arguments)."""
+    from vllm.model_executor.layers import rotary_embedding as rope
+
+    rope._ROPE_DICT.clear()
+    try:
+        return rope.get_rope(head, MAX_POS, True, {"rope_theta": 500000.0, **params}, dtype)
+    finally:
+        rope._ROPE_DICT.clear()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("cls_name,kwargs", CASES, ids=["default", "llama3"])
-def test_spyre_rope_matches_upstream(vllm_env, cls_name, kwargs, dtype):
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_spyre_rope_matches_upstream(vllm_env, variant, dtype):
     from spyre_inference import ops
 
-    spyre = _rope(cls_name, dtype, **kwargs)
+    params, cls_name = VARIANTS[variant]
+    spyre = _get_rope(params, dtype)
     with upstream_layers():
-        upstream = _rope(cls_name, dtype, **kwargs)
+        upstream = _get_rope(params, dtype)
     assert type(spyre) is getattr(ops, f"Spyre{cls_name}")
     assert type(upstream).__name__ == cls_name
 
-    # Stored layout: [max_pos, 2, 2, rotary_dim // 2] rotation matrices.
-    assert spyre.rotation_cache.shape == (MAX_POS, 2, 2, HEAD // 2)
+    # Stored layout: [positions, 2, 2, rotary_dim // 2] rotation matrices, the
+    # upstream table cut to max_model_len rows (positions never reach further).
+    rows = upstream.cos_sin_cache.shape[0]
+    if vllm_env.model_config is not None:
+        rows = min(rows, vllm_env.model_config.max_model_len)
+    assert spyre.rotation_cache.shape == (rows, 2, 2, HEAD // 2)
     assert spyre.rotation_cache.dtype == dtype
-    assert torch.equal(spyre.cos_sin_cache, upstream.cos_sin_cache)
-    cos, sin = upstream.cos_sin_cache.chunk(2, dim=-1)
+    assert torch.equal(spyre.cos_sin_cache, upstream.cos_sin_cache[:rows])
+    cos, sin = upstream.cos_sin_cache[:rows].chunk(2, dim=-1)
     assert torch.equal(spyre.rotation_cache[:, 0, 0], cos)
     assert torch.equal(spyre.rotation_cache[:, 0, 1], -sin)
     assert torch.equal(spyre.rotation_cache[:, 1, 0], sin)
     assert torch.equal(spyre.rotation_cache[:, 1, 1], cos)
 
     g = torch.Generator().manual_seed(0)
-    positions = torch.randint(0, MAX_POS, (9,), generator=g)
+    positions = torch.randint(0, rows, (9,), generator=g)
     q = torch.randn(9, 4 * HEAD, generator=g).to(dtype)
     k = torch.randn(9, 2 * HEAD, generator=g).to(dtype)
     out_q, out_k = spyre(positions, q.clone(), k.clone())
@@ -63,7 +118,7 @@ def test_spyre_rope_matches_upstream(vllm_env, cls_name, kwargs, dtype):
     assert out_q.shape == q.shape and out_k.shape == k.shape
     torch.testing.assert_close(out_q, ref_q, **tol(dtype))
     torch.testing.assert_close(out_k, ref_k, **tol(dtype))
-    if cls_name == "RotaryEmbedding":
+    if variant == "default":
         assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
 
     # Head-shaped query, no key (cross-layer KV sharing).
@@ -71,6 +126,18 @@ def test_spyre_rope_matches_upstream(vllm_env, cls_name, kwargs, dtype):
     out3, none = spyre(positions, q3)
     assert none is None and out3.shape == q3.shape
     torch.testing.assert_close(out3.reshape(9, -1), out_q, rtol=0, atol=0)
+
+
+def test_yarn_table_carries_the_magnitude_factor(vllm_env):
+    """YaRN scales cos and sin by mscale (0.1 ln(factor) + 1); the rotation keeps it."""
+    import math
+
+    params, _ = VARIANTS["yarn"]
+    spyre = _get_rope(params, torch.float32)
+    mscale = 0.1 * math.log(params["factor"]) + 1.0
+    row = spyre.rotation_cache[0]  # position 0: cos = mscale, sin = 0
+    torch.testing.assert_close(row[0, 0], torch.full((HEAD // 2,), mscale))
+    torch.testing.assert_close(row[1, 0], torch.zeros(HEAD // 2))
 
 
 def test_rope_forward_is_spyre_body_under_custom_ops_none(vllm_env):
@@ -106,6 +173,8 @@ def test_rope_traces_into_one_graph(vllm_env):
     ids=["gptj_style", "partial_rotary"],
 )
 def test_unsupported_rope_raises_at_construction(vllm_env, head, rotary_dim, neox, needle):
+    import vllm.model_executor.layers.rotary_embedding as rope
+
     with pytest.raises(NotImplementedError, match=needle) as info:
         _rope("RotaryEmbedding", torch.float32, head=head, rotary_dim=rotary_dim, neox=neox)
     assert "SpyreRotaryEmbedding" in str(info.value)
@@ -118,6 +187,16 @@ def test_unsupported_rope_raises_at_construction(vllm_env, head, rotary_dim, neo
             neox=neox,
             **LLAMA3,
         )
+    with pytest.raises(NotImplementedError, match=needle) as info:
+        rope.YaRNScalingRotaryEmbedding(head, rotary_dim, 64, 1e4, neox, 4.0, torch.float32)
+    assert "SpyreYaRNScalingRotaryEmbedding" in str(info.value)
+
+
+def test_linear_scaling_with_several_factors_is_refused(vllm_env):
+    import vllm.model_executor.layers.rotary_embedding as rope
+
+    with pytest.raises(NotImplementedError, match="several scaling factors"):
+        rope.LinearScalingRotaryEmbedding(HEAD, HEAD, 64, 1e4, True, [2.0, 4.0], torch.float32)
 
 
 def test_get_rope_builds_spyre_class(vllm_env):

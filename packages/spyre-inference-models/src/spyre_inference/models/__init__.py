@@ -47,7 +47,6 @@ _ADAPTED_MODULES: dict[str, tuple[str, ...]] = {
         "RobertaForSequenceClassification",
         "RobertaForTokenClassification",
     ),
-    "gemma3": ("Gemma3ForCausalLM",),
     "gemma4": ("Gemma4ForCausalLM",),
     "transformers_backend": ("TransformersForCausalLM",),
 }
@@ -64,7 +63,6 @@ _ADAPTED_ARCHS: dict[str, str] = {
     "XLMRobertaForSequenceClassification": "RobertaForSequenceClassification",
     "RobertaForTokenClassification": "RobertaForTokenClassification",
     "XLMRobertaForTokenClassification": "RobertaForTokenClassification",
-    "Gemma3ForCausalLM": "Gemma3ForCausalLM",
     "Gemma4ForCausalLM": "Gemma4ForCausalLM",
     # model_impl="transformers" (and the automatic fallback) resolves text
     # generation models to this architecture name.

@@ -18,6 +18,11 @@ moves it with the module, before the runner compiles anything. Building it
 lazily inside a traced forward segfaults libsenlib during warm-up on Spyre,
 whereas indexing an already-materialised device cache is clean.
 
+Every vLLM RoPE variant whose forward is upstream's plain ``cos_sin_cache``
+gather (default, llama3, YaRN, linear, NTK, dynamic NTK) differs from the
+default only in how it fills that table, so one mixin serves them all: the
+upstream ``__init__`` runs, then the rotation cache is built from its table.
+
 Only neox-style, full-width rotary is supported: the 2x2 form pairs the two
 halves of a whole head. Anything else raises ``NotImplementedError`` when the
 layer is built, naming the configuration. With head-dim stick padding
@@ -32,7 +37,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from vllm.model_executor.layers.rotary_embedding import Llama3RotaryEmbedding, RotaryEmbedding
+from vllm.model_executor.layers.rotary_embedding import (
+    DynamicNTKAlphaRotaryEmbedding,
+    DynamicNTKScalingRotaryEmbedding,
+    LinearScalingRotaryEmbedding,
+    Llama3RotaryEmbedding,
+    NTKScalingRotaryEmbedding,
+    RotaryEmbedding,
+    YaRNScalingRotaryEmbedding,
+)
 
 from spyre_inference.ops._oot import spyre_oot
 from spyre_inference.platform.stick_pad import DimPad, current_plan
@@ -61,8 +74,25 @@ def rotate_neox_2x2(x: torch.Tensor, rotation: torch.Tensor, head_size: int) -> 
     return out.reshape(shape)
 
 
+def _max_model_len() -> int | None:
+    """``max_model_len`` of the configuration being built, if any."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    config = get_current_vllm_config_or_none()
+    if config is None or config.model_config is None:
+        return None
+    return int(config.model_config.max_model_len)
+
+
 class _SpyreRotaryMixin:
-    """What both Spyre RoPE classes add to their upstream class."""
+    """What every Spyre RoPE class adds to its upstream class.
+
+    The upstream ``__init__`` runs unchanged (same signature, same
+    ``cos_sin_cache``: every scaling's frequencies, YaRN's magnitude factor and
+    the like are already in it), then the variant is checked and the rotation
+    cache built from that table. A variant whose forward is not upstream's
+    plain ``cos_sin_cache`` gather does not belong in this family.
+    """
 
     head_size: int
     rotary_dim: int
@@ -71,15 +101,25 @@ class _SpyreRotaryMixin:
     cos_sin_cache: torch.Tensor
     rotation_cache: torch.Tensor
 
-    @classmethod
-    def _check_supported(cls, head_size: int, rotary_dim: int, is_neox_style: bool) -> None:
-        if not is_neox_style or rotary_dim != head_size:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[call-arg]
+        self._check_supported()
+        self._build_rotation_cache()
+
+    def _check_supported(self) -> None:
+        name = type(self).__name__
+        if not self.is_neox_style or self.rotary_dim != self.head_size:
             raise NotImplementedError(
-                f"{cls.__name__} supports only neox-style rotary over the full head; got "
-                f"head_size={head_size}, rotary_dim={rotary_dim}, "
-                f"is_neox_style={is_neox_style}. Spyre's 2x2 rotation pairs the two halves "
-                "of a whole head: GPT-J-style (interleaved) and partial rotary embeddings "
-                "are not implemented."
+                f"{name} supports only neox-style rotary over the full head; got "
+                f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
+                f"is_neox_style={self.is_neox_style}. Spyre's 2x2 rotation pairs the two "
+                "halves of a whole head: GPT-J-style (interleaved) and partial rotary "
+                "embeddings are not implemented."
+            )
+        if getattr(self, "cos_sin_cache", None) is None:
+            raise NotImplementedError(
+                f"{name} builds its rotation cache at construction; init_cache=False is "
+                "not supported."
             )
 
     def _head_pad(self) -> DimPad | None:
@@ -94,8 +134,8 @@ class _SpyreRotaryMixin:
         if pad is not None:
             # The model was built with the padded head size, so upstream's
             # cache spreads frequencies over the padded width. Recompute them
-            # over the original width (upstream's own formula, including any
-            # llama3 scaling) and give each half's pad the identity rotation.
+            # over the original width (upstream's own formula, including its
+            # scaling) and give each half's pad the identity rotation.
             padded_dim = self.rotary_dim
             self.rotary_dim = pad.original
             try:
@@ -107,6 +147,12 @@ class _SpyreRotaryMixin:
             cos = F.pad(cos, (0, extra), value=1.0)
             sin = F.pad(sin, (0, extra), value=0.0)
             self.cos_sin_cache = torch.cat((cos, sin), dim=-1).to(self.dtype)
+        # Scaled variants tabulate max_position_embeddings * factor positions
+        # (131k for a YaRN x4 Qwen2.5, a million for Gemma 3 27B's linear x8);
+        # positions never reach max_model_len, and the card holds what is kept.
+        rows = _max_model_len()
+        if rows is not None and rows < self.cos_sin_cache.shape[0]:
+            self.cos_sin_cache = self.cos_sin_cache[:rows].contiguous()
         rotation = rotation_cache_from_cos_sin(self.cos_sin_cache)
         self.register_buffer("rotation_cache", rotation, persistent=False)  # type: ignore[attr-defined]
 
@@ -133,66 +179,70 @@ class _SpyreRotaryMixin:
         return query, key
 
 
+# One Spyre class per upstream variant: vLLM's registry swaps by exact class
+# name, so a subclass of RotaryEmbedding is not reached by the base's swap.
+# Each differs from upstream only in the mixin; get_rope picks the variant from
+# the checkpoint's rope_parameters.
+
+
 @spyre_oot(RotaryEmbedding)
 class SpyreRotaryEmbedding(_SpyreRotaryMixin, RotaryEmbedding):
-    """``RotaryEmbedding`` computed as an index_select + 2x2 rotation."""
-
-    def __init__(
-        self,
-        head_size: int,
-        rotary_dim: int,
-        max_position_embeddings: int,
-        base: float,
-        is_neox_style: bool,
-        dtype: torch.dtype,
-        init_cache: bool = True,
-    ) -> None:
-        self._check_supported(head_size, rotary_dim, is_neox_style)
-        if not init_cache:
-            raise NotImplementedError(
-                "SpyreRotaryEmbedding builds its rotation cache at construction; "
-                "init_cache=False is not supported."
-            )
-        super().__init__(head_size, rotary_dim, max_position_embeddings, base, is_neox_style, dtype)
-        self._build_rotation_cache()
+    """``RotaryEmbedding`` (``rope_type: default``) as an index_select + 2x2 rotation."""
 
 
 @spyre_oot(Llama3RotaryEmbedding)
 class SpyreLlama3RotaryEmbedding(_SpyreRotaryMixin, Llama3RotaryEmbedding):
-    """``Llama3RotaryEmbedding`` (scaled frequencies) in the same 2x2 form."""
+    """``rope_type: llama3`` (Llama 3.1+ wavelength-banded frequencies)."""
 
-    def __init__(
-        self,
-        head_size: int,
-        rotary_dim: int,
-        max_position_embeddings: int,
-        base: float,
-        is_neox_style: bool,
-        dtype: torch.dtype,
-        scaling_factor: float,
-        low_freq_factor: float,
-        high_freq_factor: float,
-        orig_max_position: int,
-    ) -> None:
-        self._check_supported(head_size, rotary_dim, is_neox_style)
-        super().__init__(
-            head_size,
-            rotary_dim,
-            max_position_embeddings,
-            base,
-            is_neox_style,
-            dtype,
-            scaling_factor,
-            low_freq_factor,
-            high_freq_factor,
-            orig_max_position,
-        )
-        self._build_rotation_cache()
+
+@spyre_oot(YaRNScalingRotaryEmbedding)
+class SpyreYaRNScalingRotaryEmbedding(_SpyreRotaryMixin, YaRNScalingRotaryEmbedding):
+    """``rope_type: yarn`` (Qwen2.5 / Qwen3 long context, gpt-oss): ramped
+    frequencies and the magnitude factor ``mscale``, both in upstream's table."""
+
+
+@spyre_oot(LinearScalingRotaryEmbedding)
+class SpyreLinearScalingRotaryEmbedding(_SpyreRotaryMixin, LinearScalingRotaryEmbedding):
+    """``rope_type: linear`` (Gemma 3's global layers): positions divided by the factor."""
+
+    scaling_factors: list[float]
+
+    def _check_supported(self) -> None:
+        super()._check_supported()
+        if len(self.scaling_factors) != 1:
+            # Several factors concatenate several tables that a caller indexes
+            # with per-request offsets; vLLM's get_rope never builds that.
+            raise NotImplementedError(
+                f"{type(self).__name__} with several scaling factors "
+                f"({self.scaling_factors}) is not supported."
+            )
+
+
+@spyre_oot(NTKScalingRotaryEmbedding)
+class SpyreNTKScalingRotaryEmbedding(_SpyreRotaryMixin, NTKScalingRotaryEmbedding):
+    """``rope_type: ntk`` (base stretched by the factor, optional mixed base)."""
+
+
+@spyre_oot(DynamicNTKScalingRotaryEmbedding)
+class SpyreDynamicNTKScalingRotaryEmbedding(_SpyreRotaryMixin, DynamicNTKScalingRotaryEmbedding):
+    """``rope_type: dynamic`` with ``factor``. vLLM tabulates it once for the
+    longest scaled length (it does not re-derive the base per sequence as
+    transformers does), and so does the rotation cache."""
+
+
+@spyre_oot(DynamicNTKAlphaRotaryEmbedding)
+class SpyreDynamicNTKAlphaRotaryEmbedding(_SpyreRotaryMixin, DynamicNTKAlphaRotaryEmbedding):
+    """``rope_type: dynamic`` with ``alpha`` (Hunyuan): a statically stretched base."""
 
 
 __all__ = [
+    "SpyreDynamicNTKAlphaRotaryEmbedding",
+    "SpyreDynamicNTKScalingRotaryEmbedding",
+    "SpyreLinearScalingRotaryEmbedding",
     "SpyreLlama3RotaryEmbedding",
+    "SpyreNTKScalingRotaryEmbedding",
     "SpyreRotaryEmbedding",
+    "SpyreYaRNScalingRotaryEmbedding",
     "rotate_neox_2x2",
     "rotation_cache_from_cos_sin",
 ]

@@ -146,6 +146,14 @@ KINDS: dict[str, TinyModelKind] = {
         "decoder",
         {**_DECODER_COMMON, "rope_parameters": _rope(1000000.0)},
     ),
+    "qwen2": TinyModelKind(
+        # Biased q/k/v projections; head_dim derived from hidden / heads.
+        "qwen2",
+        "Qwen2ForCausalLM",
+        "decoder",
+        {**_DECODER_COMMON, "rope_parameters": _rope(1000000.0)},
+        has_head_dim=False,
+    ),
     "gemma3": TinyModelKind(
         "gemma3_text",
         "Gemma3ForCausalLM",
@@ -372,7 +380,7 @@ def build_tiny_model(
 ) -> Path:
     """Build a tiny random model of ``kind`` and save it, with the tokenizer, in ``out_dir``.
 
-    ``kind`` is one of :data:`KINDS` (llama, granite, qwen3, gemma2, gemma3, mixtral,
+    ``kind`` is one of :data:`KINDS` (llama, granite, qwen2, qwen3, gemma2, gemma3, mixtral,
     qwen3_moe, bert, roberta). ``overrides`` are HF config fields
     (``num_hidden_layers=3``, ``head_dim=32``, ``intermediate_size=200``,
     ``num_key_value_heads=1``, ``sliding_window=...``), plus ``rope_theta=``
