@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spyre_inference.platform.testing import TEST_PROMPTS
+from spyre_inference.platform.testing import TEST_PROMPTS, hf_cross_encoder_scores
 
 PROMPTS = list(TEST_PROMPTS[:4])
 #: Per prompt, the half-open token range of type 1.
@@ -138,27 +138,17 @@ def test_embed_equals_hf_with_and_without_token_types(kind, tiny_model_factory, 
         torch.testing.assert_close(g, w, rtol=0, atol=2e-6, msg=f"prompt {i}")
 
 
-def _hf_cross_encoder_scores(path, queries, documents) -> list[float]:
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
-    scores = []
-    for query, document in zip(queries, documents, strict=True):
-        enc = tokenizer(query, document, return_tensors="pt")
-        assert enc.token_type_ids.any()  # the pair really carries type-1 tokens
-        with torch.inference_mode():
-            scores.append(float(torch.sigmoid(model(**enc).logits[0, 0])))
-    return scores
-
-
 @pytest.mark.parametrize("kind", ["bert", "roberta"])
 def test_cross_encoder_score_equals_hf(kind, tiny_model_factory, make_llm) -> None:
     architecture = (
         "BertForSequenceClassification" if kind == "bert" else ("RobertaForSequenceClassification")
     )
     model = tiny_model_factory(kind, architecture=architecture, num_labels=1)
-    want = _hf_cross_encoder_scores(model, QUERIES, DOCUMENTS)
+    from transformers import AutoTokenizer
+
+    pair = AutoTokenizer.from_pretrained(model)(QUERIES[0], DOCUMENTS[0])
+    assert any(pair["token_type_ids"])  # the pair really carries type-1 tokens
+    want = hf_cross_encoder_scores(model, QUERIES, DOCUMENTS)
     llm = make_llm(model, dtype="float32", enforce_eager=True, max_num_batched_tokens=512)
     (classes,) = llm.apply_model(_classes)
     assert f"Spyre{architecture}" in classes

@@ -16,6 +16,7 @@ import is what works for per-package test folders.)
 from spyre_inference.platform.testing.hf import (
     GreedyResult,
     assert_greedy_close,
+    hf_cross_encoder_scores,
     hf_greedy,
     hf_greedy_with_logprobs,
 )
@@ -49,6 +50,7 @@ __all__ = [
     "assert_greedy_close",
     "build_tiny_model",
     "build_tokenizer",
+    "hf_cross_encoder_scores",
     "hf_greedy",
     "hf_greedy_with_logprobs",
     "save_tokenizer",

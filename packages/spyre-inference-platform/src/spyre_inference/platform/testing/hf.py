@@ -164,3 +164,31 @@ def assert_greedy_close(
         assert gap <= max_logprob_gap, detail + f" (gap {gap:.4f} > {max_logprob_gap})"
     assert exact >= min_exact, f"only {exact} of {len(outputs)} sequences matched exactly"
     return exact
+
+
+def hf_cross_encoder_scores(
+    model_dir: str | os.PathLike[str],
+    queries: Sequence[str],
+    documents: Sequence[str],
+    dtype: DTypeLike = torch.float32,
+) -> list[float]:
+    """Relevance of each (query, document) pair by a one-label sequence classifier.
+
+    What vLLM's score and rerank APIs compute for such a cross-encoder: the
+    pair tokenized together (so the document's tokens are of type 1 where the
+    model has token types), the classifier's single logit, then a sigmoid.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, dtype=_dtype(dtype))
+    model.eval()
+    if model.config.num_labels != 1:
+        labels = model.config.num_labels
+        raise ValueError(f"a cross-encoder has one label; {model_dir} has {labels}")
+    scores = []
+    for query, document in zip(queries, documents, strict=True):
+        enc = tokenizer(query, document, return_tensors="pt")
+        with torch.inference_mode():
+            scores.append(float(torch.sigmoid(model(**enc).logits[0, 0].float())))
+    return scores
