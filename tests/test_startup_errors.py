@@ -94,6 +94,16 @@ def test_multimodal_model_is_rejected(tmp_path) -> None:
         _config(model)
 
 
+def test_gpt_oss_mxfp4_checkpoint_is_refused_by_name(tmp_path) -> None:
+    """gpt-oss's released checkpoints are MXFP4 (a quantization method): refused in the
+    user's process, naming it; the bfloat16 form runs (models package, test_gpt_oss)."""
+    config = tiny_config("gpt_oss")
+    config.quantization_config = {"quant_method": "mxfp4"}
+    model = save_config_only(config, tmp_path / "gpt-oss-mxfp4")
+    with pytest.raises(ValueError, match=r"quantization='gpt_oss_mxfp4' .*serve an unquantized"):
+        _config(model)
+
+
 def test_multi_head_latent_attention_is_rejected(config_only) -> None:
     """MLA models (DeepSeek-V2/V3, Kimi) passed the start-up checks and had no backend."""
     expected = r"DeepseekV2ForCausalLM uses multi-head latent attention .*serve a model with"

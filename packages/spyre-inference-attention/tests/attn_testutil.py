@@ -48,6 +48,13 @@ def alibi_slopes(num_heads: int) -> list[float]:
     return [start ** (i + 1) for i in range(num_heads)]
 
 
+def sink_logits(num_heads: int, seed: int) -> torch.Tensor:
+    """Seeded per-head sink logits, float32, on the scale of the scores (so that
+    they take a real share of each row's probability)."""
+    gen = torch.Generator().manual_seed(seed + 7919)
+    return torch.randn(num_heads, generator=gen) * 2.0
+
+
 @dataclasses.dataclass
 class Case:
     seq_lens: list[int]
@@ -59,6 +66,8 @@ class Case:
     sliding_window: int | None = None
     soft_cap: float | None = None
     alibi: bool = False
+    #: per-head attention-sink logits (gpt-oss), from :func:`sink_logits`
+    sinks: bool = False
     #: padded token rows after the real ones (the runner's num_tokens bucket)
     pad_tokens: int = 3
     #: spare blocks that hold no sequence (garbage that must never be read)
@@ -182,6 +191,7 @@ def make_impl(backend, vllm_config, case: Case):
             sliding_window=case.sliding_window,
             kv_cache_dtype="auto",
             logits_soft_cap=case.soft_cap,
+            sinks=sink_logits(case.num_heads, case.seed) if case.sinks else None,
         )
 
 
@@ -219,7 +229,7 @@ def reference(step: Step) -> torch.Tensor:
         v64 = v.double().repeat_interleave(groups, dim=1).transpose(0, 1)
         q_len, seq_len = q.shape[0], k.shape[0]
         keep = visible(q_len, seq_len, case.sliding_window)
-        if case.soft_cap is None and not case.alibi:
+        if case.soft_cap is None and not case.alibi and not case.sinks:
             out = F.scaled_dot_product_attention(q64, k64, v64, attn_mask=keep, scale=scale)
         else:
             scores = q64 @ k64.transpose(-1, -2) * scale
@@ -229,7 +239,14 @@ def reference(step: Step) -> torch.Tensor:
                 q_pos = torch.arange(q_len).unsqueeze(1) + (seq_len - q_len)
                 rel = (torch.arange(seq_len).unsqueeze(0) - q_pos).double()
                 scores = scores + slopes.view(-1, 1, 1) * rel
-            probs = scores.masked_fill(~keep, float("-inf")).softmax(dim=-1)
+            scores = scores.masked_fill(~keep, float("-inf"))
+            if case.sinks:
+                # gpt-oss: softmax over [scores, sink], the sink column dropped.
+                sink = sink_logits(case.num_heads, case.seed).double()
+                sink = sink.view(-1, 1, 1).expand(-1, q_len, 1)
+                probs = torch.cat((scores, sink), dim=-1).softmax(dim=-1)[..., :-1]
+            else:
+                probs = scores.softmax(dim=-1)
             out = probs @ v64
         outs.append(out.transpose(0, 1))
     return torch.cat(outs)

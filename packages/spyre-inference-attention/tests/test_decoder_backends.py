@@ -161,6 +161,35 @@ def test_head_size_64(backend, vllm_config):
     run_case(backend, vllm_config, Case([130, 20, 70], [1, 20, 1], head_size=64))
 
 
+# ---- attention sinks (gpt-oss) ---------------------------------------------------
+
+
+@pytest.mark.parametrize("workload", ["mixed", "long_context", "prefix_cached"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_attention_sinks(backend, vllm_config, workload, dtype, kernel_form):
+    """Every kernel form and backend (the host kernel included) against the float64
+    reference of ``softmax([scores, sink])`` with the sink column dropped."""
+    seq_lens, query_lens = WORKLOADS[workload]
+    case = Case(seq_lens, query_lens, num_heads=8, num_kv_heads=2, sinks=True, dtype=dtype)
+    run_case(backend, vllm_config, case)
+
+
+def test_attention_sinks_with_window_gqa4(backend, vllm_config, kernel_form):
+    """gpt-oss's sliding layers: sinks with a window, 4 query heads per KV head."""
+    case = Case([300, 40, 200, 7], [1, 40, 30, 7], num_heads=8, num_kv_heads=2, sinks=True,
+                sliding_window=50)  # fmt: skip
+    run_case(backend, vllm_config, case)
+
+
+def test_sinks_change_the_output(vllm_config):
+    """The sink case is not the plain case: the reference without sinks differs."""
+    seq_lens, query_lens = WORKLOADS["mixed"]
+    with_sinks = check(SpyreAttentionBackend, vllm_config, Case(seq_lens, query_lens, sinks=True))
+    plain = check(SpyreAttentionBackend, vllm_config, Case(seq_lens, query_lens))
+    n = sum(query_lens)
+    assert (with_sinks[:n] - plain[:n]).abs().max() > 0.05
+
+
 # ---- ALiBi (token-major only) ---------------------------------------------------
 
 

@@ -42,7 +42,7 @@ def _case(num_seqs, kv_blocks, block_size, num_blocks, seq_lens, window=None, se
     return block_ids, mask
 
 
-def _reference(q, pages, block_ids, mask, scale):
+def _reference(q, pages, block_ids, mask, scale, sinks=None):
     num_seqs, num_heads, head = q.shape
     kv_heads = pages.shape[2]
     groups = num_heads // kv_heads
@@ -51,7 +51,12 @@ def _reference(q, pages, block_ids, mask, scale):
     k, v = kv[..., :head], kv[..., head:]
     qd = q.double().view(num_seqs, kv_heads, groups, head)
     scores = torch.einsum("skgd,stkd->skgt", qd, k) * scale + mask.double()[:, None, None, :]
-    probs = torch.softmax(scores, dim=-1)
+    if sinks is not None:
+        # softmax over [scores, sink] per head, the sink column dropped.
+        sink = sinks.double().view(1, kv_heads, groups, 1).expand(num_seqs, -1, -1, 1)
+        probs = torch.softmax(torch.cat((scores, sink), dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
     return torch.einsum("skgt,stkd->skgd", probs, v).reshape(num_seqs, num_heads, head)
 
 
@@ -77,6 +82,27 @@ def test_matches_float64_reference(dtype, num_heads, kv_heads, head, seq_lens, k
     assert got.dtype == torch.float32 and got.shape == want.shape
     bound = 1e-5 * pages[..., head:].abs().max().item()
     assert (got.double() - want).abs().max().item() <= bound
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sink_gain", [2.0, 30.0], ids=["sinks", "dominant_sinks"])
+def test_attention_sinks_match_float64_reference(dtype, sink_gain):
+    """Sinks (gpt-oss), including ones far above every score (the maximum is the
+    sink's, and the keys' share underflows gracefully), with a sliding window."""
+    block_size, num_heads, kv_heads, head = 64, 8, 2, 64
+    pages = _pages(40, block_size, kv_heads, head, dtype)
+    block_ids, mask = _case(3, 5, block_size, 40, [300, 90, 1], window=40)
+    q = torch.randn(3, num_heads, head).to(dtype)
+    sinks = torch.randn(num_heads, generator=torch.Generator().manual_seed(3)) * sink_gain
+    scale = head**-0.5
+    got = host_decode.paged_decode(q, pages, block_ids, mask, scale, sinks=sinks)
+    want = _reference(q, pages, block_ids, mask, scale, sinks)
+    plain = _reference(q, pages, block_ids, mask, scale)
+    bound = 1e-5 * pages[..., head:].abs().max().item()
+    assert (got.double() - want).abs().max().item() <= bound
+    assert (want - plain).abs().max().item() > 100 * bound  # the sinks matter here
+    with pytest.raises(ValueError, match="sinks"):
+        host_decode.paged_decode(q, pages, block_ids, mask, scale, sinks=sinks[:4])
 
 
 def test_padding_sequences_get_zeros_and_the_rest_is_unaffected():

@@ -27,6 +27,7 @@ from spyre_inference.models.moe import (
     gathered_experts,
     relayout_expert_weights,
     route,
+    swiglu_oai,
 )
 from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy, tiny_config
 
@@ -54,12 +55,20 @@ def _hf_moe(kind: str, intermediate: int, seed: int = 0):
 
 
 class _Stacks(torch.nn.Module):
-    """Holds vLLM-layout stacks (w13 [E, 2M, H], w2 [E, H, M]) like a RoutedExperts."""
+    """Holds vLLM-layout stacks (w13 [E, 2M, H], w2 [E, H, M], optional biases
+    w13_bias [E, 2M], w2_bias [E, H]) like a RoutedExperts."""
 
-    def __init__(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
+    def __init__(self, w13, w2, b13=None, b2=None) -> None:
         super().__init__()
         self.w13_weight = torch.nn.Parameter(w13.clone(), requires_grad=False)
         self.w2_weight = torch.nn.Parameter(w2.clone(), requires_grad=False)
+        if b13 is not None:
+            self.w13_bias = torch.nn.Parameter(b13.clone(), requires_grad=False)
+            self.w2_bias = torch.nn.Parameter(b2.clone(), requires_grad=False)
+
+
+def _silu_glu(gate, up):
+    return torch.nn.functional.silu(gate) * up
 
 
 @pytest.mark.parametrize("kind", ["mixtral", "qwen3_moe"])
@@ -91,12 +100,60 @@ def test_both_forms_equal_hf_experts(intermediate, tokens) -> None:
     assert not layer.w2_weight[:, intermediate:, :].any()
 
     weights, ids = route(logits, K, MoeRecipe())
-    silu = torch.nn.functional.silu
-    got_g = gathered_experts(x, weights, ids, layer.w13_weight, layer.w2_weight, silu)
+    got_g = gathered_experts(x, weights, ids, layer.w13_weight, layer.w2_weight, _silu_glu)
     combine = torch.zeros(tokens, E).scatter_(1, ids, weights)
-    got_a = all_expert_experts(x, combine, layer.w13_weight, layer.w2_weight, silu)
+    got_a = all_expert_experts(x, combine, layer.w13_weight, layer.w2_weight, _silu_glu)
     torch.testing.assert_close(got_g, want, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_a, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("intermediate", [64, 96], ids=["whole-sticks", "mid-stick"])
+@pytest.mark.parametrize("tokens", [1, 17])
+def test_gpt_oss_experts_equal_hf(intermediate, tokens) -> None:
+    """gpt-oss: interleaved gate/up rows, expert biases and the clamped SwiGLU, in both
+    forms, against transformers' GptOssExperts and router on the same weights."""
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts, GptOssTopKRouter
+
+    config = tiny_config(
+        "gpt_oss", hidden_size=H, num_attention_heads=2, num_key_value_heads=1,
+        intermediate_size=intermediate, num_local_experts=E, num_experts_per_tok=K,
+    )  # fmt: skip
+    router, experts = GptOssTopKRouter(config), GptOssExperts(config)
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for p in (router.weight, experts.gate_up_proj, experts.down_proj):
+            p.copy_(
+                torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-2 if p.ndim == 3 else -1])
+            )
+        # Gains that push some gate/up values past the clamp limit (7).
+        experts.gate_up_proj.mul_(6.0)
+        for p in (router.bias, experts.gate_up_proj_bias, experts.down_proj_bias):
+            p.copy_(torch.randn(p.shape, generator=gen))
+    x = torch.randn(tokens, H, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        logits, hf_w, hf_ids = router(x)
+        want = experts(x, hf_ids, hf_w)
+        gate_up = x @ experts.gate_up_proj[0] + experts.gate_up_proj_bias[0]
+    assert gate_up.abs().max() > 7.0  # the clamp is exercised
+    # vLLM's loader gives w13 [E, 2M, H] with HF's interleaved rows, w2 [E, H, M].
+    layer = _Stacks(
+        experts.gate_up_proj.data.transpose(1, 2),
+        experts.down_proj.data.transpose(1, 2),
+        experts.gate_up_proj_bias.data,
+        experts.down_proj_bias.data,
+    )
+    width = relayout_expert_weights(layer, intermediate, interleaved=True)
+    assert layer.w13_bias.shape == (E, 2 * width)
+    assert not layer.w13_bias[:, intermediate:width].any()
+    weights, ids = route(logits, K, MoeRecipe())
+    b13, b2 = layer.w13_bias, layer.w2_bias
+    got_g = gathered_experts(
+        x, weights, ids, layer.w13_weight, layer.w2_weight, swiglu_oai, b13, b2
+    )
+    combine = torch.zeros(tokens, E).scatter_(1, ids, weights)
+    got_a = all_expert_experts(x, combine, layer.w13_weight, layer.w2_weight, swiglu_oai, b13, b2)
+    torch.testing.assert_close(got_g, want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got_a, want, rtol=1e-5, atol=1e-4)
 
 
 def test_recipe_expert_scale_and_sigmoid() -> None:

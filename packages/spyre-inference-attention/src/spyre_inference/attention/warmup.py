@@ -86,6 +86,7 @@ def _signature(impl: Any, kv_cache: torch.Tensor | None) -> tuple[Any, ...]:
         impl.scale,
         impl.logits_soft_cap,
         getattr(impl, "alibi_slopes", None) is not None,
+        getattr(impl, "sinks", None) is not None,
         getattr(impl, "compile_kernels", False),
         getattr(impl, "compile_store", False),
         cache,

@@ -83,11 +83,38 @@ INTERMEDIATE_ATTR = "_spyre_moe_intermediate"
 GATHERED = "gathered"
 ALL_EXPERT = "all_expert"
 
-_ACTIVATIONS: dict[MoEActivation, Callable[[torch.Tensor], torch.Tensor]] = {
-    MoEActivation.SILU: F.silu,
-    MoEActivation.GELU: F.gelu,
-    MoEActivation.GELU_TANH: lambda x: F.gelu(x, approximate="tanh"),
+#: ``gated(gate, up) -> [.., M']``: the expert's activation of its two halves.
+GatedActivation = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: gpt-oss's clamped SwiGLU; vLLM's fused-MoE kernels fix these two constants
+#: for ``swigluoai`` (``fused_moe/activation.py``), as transformers does.
+SWIGLU_OAI_ALPHA = 1.702
+SWIGLU_OAI_LIMIT = 7.0
+
+
+def swiglu_oai(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``(clamp(up, -l, l) + 1) * g * sigmoid(alpha * g)``, ``g = clamp(gate, max=l)``.
+
+    Zero in, zero out: the stick-widened columns (zero gate and up) stay zero.
+    """
+    gate = gate.clamp(max=SWIGLU_OAI_LIMIT)
+    up = up.clamp(min=-SWIGLU_OAI_LIMIT, max=SWIGLU_OAI_LIMIT)
+    return (up + 1) * (gate * torch.sigmoid(gate * SWIGLU_OAI_ALPHA))
+
+
+def _glu(act: Callable[[torch.Tensor], torch.Tensor]) -> GatedActivation:
+    return lambda gate, up: act(gate) * up
+
+
+_ACTIVATIONS: dict[MoEActivation, GatedActivation] = {
+    MoEActivation.SILU: _glu(F.silu),
+    MoEActivation.GELU: _glu(F.gelu),
+    MoEActivation.GELU_TANH: _glu(lambda x: F.gelu(x, approximate="tanh")),
+    MoEActivation.SWIGLUOAI: swiglu_oai,
 }
+#: Activations whose checkpoints interleave gate and up rows in ``w13``
+#: (``[gate0, up0, gate1, ...]``, gpt-oss); the re-layout separates them.
+_INTERLEAVED = frozenset({MoEActivation.SWIGLUOAI})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,10 +190,10 @@ def route(
     return weights, ids.to(torch.int64)
 
 
-def _gated(h: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor], width: int):
+def _gated(h: torch.Tensor, act: GatedActivation, width: int) -> torch.Tensor:
     # The gate and up halves each start on a stick boundary (width is a
     # multiple of 64), so both slices are lowerable on Spyre.
-    return act(h[..., :width]) * h[..., width:]
+    return act(h[..., :width], h[..., width:])
 
 
 def all_expert_experts(
@@ -174,16 +201,23 @@ def all_expert_experts(
     combine: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
-    act: Callable[[torch.Tensor], torch.Tensor],
+    act: GatedActivation,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Every expert over every token: ``x [T, H]``, ``combine [T, E]`` -> ``[T, H]``.
 
-    ``w13 [E, H, 2M']``, ``w2 [E, M', H]``. Unselected experts have weight 0,
-    so the combine is an exact weighted sum of the selected experts' outputs.
+    ``w13 [E, H, 2M']``, ``w2 [E, M', H]``, optional biases ``b13 [E, 2M']``,
+    ``b2 [E, H]``. Unselected experts have weight 0, so the combine is an exact
+    weighted sum of the selected experts' outputs (biases included).
     """
     width = w2.shape[1]
     h = torch.matmul(x.unsqueeze(0), w13)  # [E, T, 2M']
+    if b13 is not None:
+        h = h + b13.unsqueeze(1)
     y = torch.matmul(_gated(h, act, width), w2)  # [E, T, H]
+    if b2 is not None:
+        y = y + b2.unsqueeze(1)
     return (y * combine.t().unsqueeze(-1)).sum(dim=0)
 
 
@@ -193,34 +227,52 @@ def gathered_experts(
     ids: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
-    act: Callable[[torch.Tensor], torch.Tensor],
+    act: GatedActivation,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Only the selected experts: ``x [n, H]``, ``weights``/``ids [n, k]`` -> ``[n, H]``.
 
-    The ``n * k`` selected expert matrices are gathered (``index_select`` on the
-    expert axis) and run as one batched matmul per projection.
+    The ``n * k`` selected expert matrices (and biases) are gathered
+    (``index_select`` on the expert axis) and run as one batched matmul per
+    projection.
     """
     n, k = ids.shape
     width = w2.shape[1]
     flat = ids.reshape(-1)
     x_rep = x.repeat_interleave(k, dim=0).unsqueeze(1)  # [n*k, 1, H]
     h = torch.bmm(x_rep, w13.index_select(0, flat))  # [n*k, 1, 2M']
+    if b13 is not None:
+        h = h + b13.index_select(0, flat).unsqueeze(1)
     y = torch.bmm(_gated(h, act, width), w2.index_select(0, flat))  # [n*k, 1, H]
+    if b2 is not None:
+        y = y + b2.index_select(0, flat).unsqueeze(1)
     y = y.view(n, k, -1) * weights.unsqueeze(-1)
     return y.sum(dim=1)
 
 
-def relayout_expert_weights(layer: nn.Module, intermediate: int) -> int:
+def _gate_up(t: torch.Tensor, intermediate: int, interleaved: bool):
+    """The gate and up halves of a ``[E, 2M, ...]`` stack (rows interleaved or not)."""
+    if interleaved:
+        return t[:, 0::2], t[:, 1::2]
+    return t.split(intermediate, dim=1)
+
+
+def relayout_expert_weights(layer: nn.Module, intermediate: int, interleaved: bool = False) -> int:
     """``w13 [E, 2M, H]`` -> ``[E, H, 2M']``, ``w2 [E, H, M]`` -> ``[E, M', H]``; returns M'.
 
     One stack at a time: each new stack replaces its source (whose storage is
-    released) before the next is built.
+    released) before the next is built. ``interleaved``: ``w13``'s gate and up
+    rows alternate (gpt-oss); they come out as the usual two halves. Expert
+    biases, where the layer has them (``w13_bias [E, 2M]``, ``w2_bias [E, H]``),
+    follow their weights: the gate and up halves of ``w13_bias`` widened the
+    same way (zero on the widened columns).
     """
     width = dev.round_up(intermediate)
     w13 = layer.w13_weight.data
     num_experts, _, hidden = w13.shape
     new13 = w13.new_zeros(num_experts, hidden, 2 * width)
-    gate, up = w13.split(intermediate, dim=1)
+    gate, up = _gate_up(w13, intermediate, interleaved)
     new13[:, :, :intermediate] = gate.transpose(1, 2)
     new13[:, :, width : width + intermediate] = up.transpose(1, 2)
     del w13, gate, up
@@ -232,6 +284,14 @@ def relayout_expert_weights(layer: nn.Module, intermediate: int) -> int:
     new2[:, :intermediate, :] = w2.transpose(1, 2)
     del w2
     replace_parameter(layer, "w2_weight", new2)
+
+    b13 = getattr(layer, "w13_bias", None)
+    if b13 is not None:
+        new_b13 = b13.data.new_zeros(num_experts, 2 * width)
+        gate_b, up_b = _gate_up(b13.data, intermediate, interleaved)
+        new_b13[:, :intermediate] = gate_b
+        new_b13[:, width : width + intermediate] = up_b
+        replace_parameter(layer, "w13_bias", new_b13)
     return width
 
 
@@ -260,8 +320,6 @@ class SpyreUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             unsupported.append("non-gated experts")
         if moe.activation not in _ACTIVATIONS:
             unsupported.append(f"activation {moe.activation.value!r}")
-        if moe.has_bias:
-            unsupported.append("expert biases")
         if moe.moe_parallel_config.use_ep:
             unsupported.append("expert parallelism")
         if unsupported:
@@ -271,6 +329,7 @@ class SpyreUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
                 + f" (experts of {moe.num_experts}, top-{moe.experts_per_token})."
             )
         self._act = _ACTIVATIONS[moe.activation]
+        self._interleaved = moe.activation in _INTERLEAVED
         self.form_counts: collections.Counter[str] = collections.Counter()
 
     @property
@@ -292,7 +351,7 @@ class SpyreUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
                 "(Llama 4 style); spyre-inference's MoE backend weights expert outputs only."
             )
         intermediate = layer.w2_weight.shape[-1]
-        relayout_expert_weights(layer, intermediate)
+        relayout_expert_weights(layer, intermediate, self._interleaved)
         setattr(layer, INTERMEDIATE_ATTR, intermediate)
         setattr(layer, RELAYOUT_FLAG, True)
         # Fail at load, not at the first request, if the routing is unsupported.
@@ -320,6 +379,8 @@ class SpyreUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         weights, ids = route(dev.to_host(router_logits[:real], torch.float32), top_k, recipe)
         form = self.select_form(real, top_k)
         self.form_counts[form] += 1
+        b13 = getattr(layer, "w13_bias", None)
+        b2 = getattr(layer, "w2_bias", None)
         if form == GATHERED:
             out = gathered_experts(
                 x[:real],
@@ -328,6 +389,8 @@ class SpyreUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
                 layer.w13_weight,
                 layer.w2_weight,
                 self._act,
+                b13,
+                b2,
             )
             if real == num_tokens:
                 return out
@@ -341,6 +404,8 @@ class SpyreUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             layer.w13_weight,
             layer.w2_weight,
             self._act,
+            b13,
+            b2,
         )
 
 
@@ -364,4 +429,5 @@ __all__ = [
     "relayout_expert_weights",
     "route",
     "set_moe_recipe",
+    "swiglu_oai",
 ]

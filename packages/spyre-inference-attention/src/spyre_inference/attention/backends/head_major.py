@@ -115,6 +115,7 @@ class SpyreHeadMajorAttentionImpl(SpyreAttentionImpl):
             return
         pages = ops.head_major_pages(kv_cache)
         masks = md.tile_masks(self.sliding_window)
+        sinks = self._sinks_on_device(md.stats_dtype)
         for seq, mask in zip(md.seqs, masks, strict=True):
             assert seq.page_index is not None
             tile = self._tile(kv_cache, md.block_size, 1, seq.query_bucket)
@@ -129,6 +130,7 @@ class SpyreHeadMajorAttentionImpl(SpyreAttentionImpl):
                 self.logits_soft_cap,
                 tile,
                 policy.use_flash(self.logits_soft_cap, query.dtype),
+                sinks,
             )
             output[seq.query_start : seq.query_start + seq.query_len].copy_(result[: seq.query_len])
 

@@ -611,10 +611,6 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
                 f"the Spyre {self.layout_name} backend implements decoder attention, not "
                 f"{attn_type} (encoder layers use the encoder backend)"
             )
-        if sinks is not None:
-            raise NotImplementedError(
-                "attention sinks are not supported by the Spyre attention backends"
-            )
         if kv_cache_dtype not in ("auto", "float16", "bfloat16"):
             raise NotImplementedError(
                 f"kv_cache_dtype={kv_cache_dtype!r} is not supported: the Spyre KV cache is "
@@ -638,6 +634,13 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         self.alibi_slopes: torch.Tensor | None = None
         if alibi_slopes is not None:
             self._init_alibi(alibi_slopes)
+        #: Attention-sink logits ``[num_heads]`` (gpt-oss): the model's own
+        #: parameter, filled by the weight loader after this constructor runs
+        #: and moved with the model, so it is read where it lives at each step.
+        self.sinks = sinks
+        if sinks is not None and sinks.numel() != num_heads:
+            raise ValueError(f"expected {num_heads} attention sinks, got {sinks.numel()}")
+        self._sinks_cache: tuple[tuple[Any, ...], torch.Tensor] | None = None
 
         #: (cache, its page view, its slot view): the layer's cache tensor is the
         #: same object every step, so its views are made once, not per step (each
@@ -683,6 +686,19 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         if self.alibi_slopes.dtype != stats or self.alibi_slopes.device != placement.device():
             self.alibi_slopes = placement.to_device(self.alibi_slopes, dtype=stats)
         return self.alibi_slopes
+
+    def _sinks_on_device(self, stats: torch.dtype) -> torch.Tensor | None:
+        """The sink logits on the device in the statistics dtype (converted once per
+        version of the parameter: weights load, and may reload, after construction)."""
+        sinks = self.sinks
+        if sinks is None:
+            return None
+        key = (sinks.data_ptr(), sinks._version, sinks.device, stats)
+        cached = self._sinks_cache
+        if cached is None or cached[0] != key:
+            cached = (key, placement.to_device(sinks.detach().reshape(-1), dtype=stats))
+            self._sinks_cache = cached
+        return cached[1]
 
     # ---- KV write -----------------------------------------------------------
 
@@ -811,6 +827,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         pages, _ = self._cache_views(kv_cache)
         masks = md.tile_masks(self.sliding_window)
         slopes = self._alibi_on_device(md.stats_dtype)
+        sinks = self._sinks_on_device(md.stats_dtype)
         biases = md.alibi_biases() if slopes is not None else [None] * len(md.seqs)
         for seq, mask, bias in zip(md.seqs, masks, biases, strict=True):
             q = query.index_select(0, seq.q_index)
@@ -827,6 +844,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
                 slopes,
                 bias,
                 policy.use_flash(self.logits_soft_cap, query.dtype),
+                sinks,
             )
             output[seq.query_start : seq.query_start + seq.query_len].copy_(result[: seq.query_len])
 
@@ -853,6 +871,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             slopes,
             md.decode_alibi_bias() if slopes is not None else None,
             policy.use_flash(self.logits_soft_cap, query.dtype),
+            self._sinks_on_device(md.stats_dtype),
         )
         output.index_copy_(0, batch.out_index, result[: batch.num_seqs])
 
@@ -876,6 +895,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             md.host_mask(self.sliding_window),
             self.scale,
             out_dtype=query.dtype,
+            sinks=self._sinks_on_device(torch.float32),
         )
         if host.leading:
             output[:n].copy_(result)
@@ -942,6 +962,12 @@ class SpyreAttentionBackend(AttentionBackend):
     @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_sink(cls) -> bool:
+        # Per-head sink logits join the online softmax's denominator after the
+        # last tile (graphs) and inside the cpu target's host kernel.
+        return True
 
     @classmethod
     def validate_config(cls, vllm_config: VllmConfig) -> None:

@@ -93,6 +93,7 @@ def _library_or_error() -> ctypes.CDLL | str:
         ctypes.c_void_p,  # mask
         ctypes.c_float,  # scale
         ctypes.c_float,  # skip_below
+        ctypes.c_void_p,  # sinks (or NULL)
         ctypes.c_void_p,  # out
         ctypes.c_int,  # threads
     ]
@@ -128,6 +129,7 @@ def paged_decode(
     mask: torch.Tensor,
     scale: float,
     out_dtype: torch.dtype = torch.float32,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``softmax(q k^T * scale + mask) v`` of one query row per sequence.
 
@@ -138,6 +140,8 @@ def paged_decode(
         block_ids: ``[num_seqs, kv_blocks]`` int64 page ids per sequence.
         mask: ``[num_seqs, kv_blocks * block_size]`` additive mask; entries
             below half of :func:`~.page_attention.mask_value` are masked keys.
+        sinks: ``[num_heads]`` attention-sink logits, or None (see
+            :func:`~.page_attention.online_softmax`).
 
     Returns:
         ``[num_seqs, num_heads, head_size]``, computed in float32 and returned
@@ -174,6 +178,9 @@ def paged_decode(
         qf = q.to(torch.float32).contiguous()
         ids = block_ids.to(torch.int64).contiguous()
         m = mask.to(torch.float32).contiguous()
+        sk = None if sinks is None else sinks.to(torch.float32).contiguous()
+        if sk is not None and sk.numel() != num_heads:
+            raise ValueError(f"paged_decode: {sk.numel()} sinks for {num_heads} heads")
         out = torch.empty((num_seqs, num_heads, head_size), dtype=torch.float32)
         failed = lib.spyre_paged_decode(
             qf.data_ptr(),
@@ -192,6 +199,7 @@ def paged_decode(
             m.data_ptr(),
             scale,
             mask_value(torch.float32) / 2,
+            None if sk is None else sk.data_ptr(),
             out.data_ptr(),
             torch.get_num_threads(),
         )

@@ -29,7 +29,10 @@ Why this shape of algorithm (spec, "Attention Backend"):
   masks or broadcast a ``where``); ALiBi is a per-head slope times a host-built
   tile of key-minus-query positions;
 * the query groups of GQA/MQA fold into the row axis (heads are KV-major, so
-  it is a reshape), keeping every matmul a single-batch-dim bmm.
+  it is a reshape), keeping every matmul a single-batch-dim bmm;
+* attention sinks (gpt-oss: one learned logit per head that joins every row's
+  softmax denominator and contributes no value) are one more rescale after the
+  last tile (:func:`sink_rows`, :func:`online_softmax`).
 """
 
 from __future__ import annotations
@@ -57,6 +60,13 @@ def mask_value(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).min / 2
 
 
+def sink_rows(sinks: torch.Tensor, b: int, kvh: int, groups: int, q_len: int) -> torch.Tensor:
+    """Per-head sink logits ``[H]`` (head ``kvh * G + g``) laid out on the folded rows:
+    ``[b, KVH, G * Q, 1]``, group major like the query rows."""
+    rows = sinks.view(1, kvh, groups, 1, 1).expand(b, kvh, groups, q_len, 1)
+    return rows.reshape(b, kvh, groups * q_len, 1)
+
+
 def online_softmax(
     q: torch.Tensor,
     tiles: Iterable[Tile],
@@ -65,6 +75,7 @@ def online_softmax(
     stats: torch.dtype,
     groups: int,
     flash: bool | torch.dtype = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``softmax(q k^T * scale + bias) v`` over KV tiles, one tile at a time.
 
@@ -83,6 +94,12 @@ def online_softmax(
       merged by their log-sum-exp. The CPU's batched matmuls are slow for the
       few rows a decode has (``G`` per KV head); the fused kernel reads K and V
       once. It has no soft-cap, so soft-capped layers use the matmul form.
+
+    ``sinks`` (``[H]`` in ``stats``, or None): a logit per query head that
+    joins the softmax's denominator with no value of its own, as gpt-oss
+    defines it (``softmax([scores, sink])`` with the sink column dropped). It is
+    folded in after the last tile: one more rescale by the running maximum (or,
+    in the flash form, by the log-sum-exp), so no tile changes shape.
     """
     b, kvh, rows, _ = q.shape
     q_len = rows // groups
@@ -112,6 +129,12 @@ def online_softmax(
                 out = out + tile_out * torch.exp(tile_lse - new).unsqueeze(-1)
                 lse = new
         assert out is not None, "attention over zero pages"
+        if sinks is not None:
+            # out is normalised by exp(lse); with the sink the normaliser is
+            # exp(lse) + exp(sink): scale by exp(lse - logaddexp(lse, sink)).
+            sink = sink_rows(sinks, b, kvh, groups, q_len).squeeze(-1)
+            lse = lse.to(stats)
+            out = out * torch.exp(lse - torch.logaddexp(lse, sink)).unsqueeze(-1)
         return out
 
     m = denom = acc = None
@@ -134,7 +157,13 @@ def online_softmax(
             denom = denom * alpha + p.sum(dim=-1, keepdim=True)
             acc = acc * alpha + torch.matmul(p.to(v.dtype), v).to(stats)
             m = m_new
-    assert acc is not None and denom is not None, "attention over zero pages"
+    assert acc is not None and denom is not None and m is not None, "attention over zero pages"
+    if sinks is not None:
+        sink = sink_rows(sinks, b, kvh, groups, q_len)
+        m_new = torch.maximum(m, sink)
+        alpha = torch.exp(m - m_new)
+        denom = denom * alpha + torch.exp(sink - m_new)
+        acc = acc * alpha
     return acc / denom
 
 
@@ -170,6 +199,7 @@ def page_attention(
     alibi_slopes: torch.Tensor | None = None,
     alibi_bias: torch.Tensor | None = None,
     flash: bool | torch.dtype = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one sequence's query rows over its token-major pages.
 
@@ -193,6 +223,7 @@ def page_attention(
             query position (stats dtype), with ``alibi_slopes``.
         flash: run each tile through the CPU flash-attention kernel (see
             :func:`online_softmax`).
+        sinks: ``[num_heads]`` attention-sink logits (stats dtype), or None.
 
     Returns:
         ``[query_bucket, num_heads, head_size]`` in ``q.dtype``.
@@ -216,7 +247,7 @@ def page_attention(
             yield kv[..., :head_size], kv[..., head_size:], bias
 
     qf = _fold_groups(q, num_kv_heads).unsqueeze(0)
-    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype, groups, flash)
+    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype, groups, flash, sinks)
     return _unfold_groups(out.squeeze(0), q_len, q.dtype)
 
 
@@ -231,6 +262,7 @@ def batched_decode_attention(
     alibi_slopes: torch.Tensor | None = None,
     alibi_bias: torch.Tensor | None = None,
     flash: bool | torch.dtype = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query row per sequence, many sequences in one call (token-major pages).
 
@@ -244,6 +276,7 @@ def batched_decode_attention(
             mask per sequence (padding keys, sliding window).
         alibi_slopes, alibi_bias: as for :func:`page_attention`, the bias
             ``[num_seqs_bucket, kv_block_bucket * block_size]``.
+        sinks: as for :func:`page_attention`.
 
     Whole pages are gathered from the token-major cache for every sequence of a
     tile; the query groups stay a row axis of ``G`` rows per (sequence, KV
@@ -269,7 +302,7 @@ def batched_decode_attention(
             yield kv[..., :head_size], kv[..., head_size:], bias
 
     qf = q.view(num_seqs, num_kv_heads, groups, head_size)
-    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype, groups, flash)
+    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype, groups, flash, sinks)
     return out.reshape(num_seqs, num_heads, head_size).to(q.dtype)
 
 
@@ -282,6 +315,7 @@ def head_major_page_attention(
     logits_soft_cap: float | None,
     pages_per_tile: int,
     flash: bool | torch.dtype = False,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of one sequence over head-major pages (spec, "LX-resident pages").
 
@@ -293,6 +327,7 @@ def head_major_page_attention(
             ``pages``: ``block * num_kv_heads + kv_head``, padded with the null
             block's rows.
         mask: ``[query_bucket, kv_block_bucket * block_size]`` additive mask.
+        sinks: as for :func:`page_attention`.
 
     A tile is gathered with a 2-D subscript on (KV head, page): the result is
     ``[KVH, pages, block_size, K|V]``, already head-major, so it reshapes to
@@ -314,5 +349,5 @@ def head_major_page_attention(
             yield kv[..., :head_size], kv[..., head_size:], bias
 
     qf = _fold_groups(q, num_kv_heads).unsqueeze(0)
-    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype, groups, flash)
+    out = online_softmax(qf, tiles(), scale, logits_soft_cap, mask.dtype, groups, flash, sinks)
     return _unfold_groups(out.squeeze(0), q_len, q.dtype)

@@ -32,6 +32,8 @@ Choices and why
   - norm weights: their usual value (1, or 0 for Gemma's ``1 + w`` norms) plus
     ``N(0, 0.1)``, and biases ``N(0, 0.1)``: a kernel that drops a norm weight
     or a bias gives visibly different tokens;
+  - attention sinks (gpt-oss): ``3 + N(0, 1)``, a real share of every row's
+    softmax;
   - the (untied) LM head: ``N(0, 4/hidden)``, logits with a standard deviation
     of about 2, so the top-1 margin is usually well above bfloat16 noise.
 
@@ -222,6 +224,31 @@ KINDS: dict[str, TinyModelKind] = {
             "decoder_sparse_step": 1,
         },
     ),
+    "gpt_oss": TinyModelKind(
+        "gpt_oss",
+        "GptOssForCausalLM",
+        "decoder",
+        {
+            **_DECODER_COMMON,
+            # Sliding (even) and full (odd) layers alternate, as in gpt-oss; the
+            # window is shorter than the long test prompts.
+            "sliding_window": 48,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "intermediate_size": 192,
+            # gpt-oss's YaRN recipe (not truncated), scaled down to the tiny
+            # model's 1024 positions.
+            "rope_parameters": {
+                "rope_type": "yarn",
+                "rope_theta": 150000.0,
+                "factor": 16.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 64,
+            },
+        },
+    ),
     "bert": TinyModelKind(
         "bert", "BertModel", "encoder", _ENCODER_COMMON, has_head_dim=False, is_decoder=False
     ),
@@ -347,6 +374,10 @@ def init_weights_(model: torch.nn.Module, config: Any, spec: TinyModelKind, seed
                 offset = 0.0 if bool(torch.all(param == 0)) else 1.0
                 gain = final_norm_gain if name == "model.norm.weight" else 1.0
                 value = gain * (1.0 + 0.1 * noise) - (1.0 - offset)
+            elif name.endswith(".sinks"):
+                # Attention-sink logits (gpt-oss): large enough to take a real
+                # share of each row's softmax over a few hundred keys.
+                value = 3.0 + noise
             elif param.ndim == 1:
                 value = 0.1 * noise  # bias
             elif "embed" in name:

@@ -21,12 +21,18 @@
  * as exp(mask - max) underflows to in the graph it replaces. A sequence with
  * no unmasked key (a padding entry of the batch) gets zeros.
  *
+ * Attention sinks (gpt-oss): `sinks`, when not NULL, holds one logit per query
+ * head that joins that head's softmax denominator with no value of its own:
+ * out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink - m)), with m
+ * the maximum over the scores and the sink.
+ *
  * Layout (elements, not bytes):
  *   q        [S, H, D] float32, contiguous
  *   pages    K|V rows of 2*D values; slot (block b, offset o, KV head h)
  *            starts at b*page_stride + o*slot_stride + h*head_stride
  *   block_ids [S, NBK] int64, contiguous
  *   mask     [S, NBK*BS] float32, contiguous (additive)
+ *   sinks    [H] float32 or NULL
  *   out      [S, H, D] float32, contiguous
  * Requires D % 8 == 0 and H % KVH == 0 (checked by the caller).
  *
@@ -115,10 +121,11 @@ static inline __attribute__((always_inline)) __m128 dot4(const char *const *rows
     } while (0)
 
 /* One (sequence, KV head) over its n unmasked key rows (rows[j] points at a
- * K|V row, mv[j] is its mask value): scores in sc[G][n8], outputs os[G][D]. */
+ * K|V row, mv[j] is its mask value): scores in sc[G][n8], outputs os[G][D];
+ * sk: the G heads' sink logits, or NULL. */
 static inline __attribute__((always_inline)) void attend(
     int kind, const float *qs, long G, long D, long esize, const char *const *rows, const float *mv,
-    long n, float scale, float *sc, float *os) {
+    long n, float scale, const float *sk, float *sc, float *os) {
     const long n8 = (n + 7) & ~7L;
     const long row_bytes = 2 * D * esize;
     long j = 0;
@@ -156,14 +163,16 @@ static inline __attribute__((always_inline)) void attend(
         __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
         m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
         m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
+        float mxs = _mm_cvtss_f32(m4);
+        if (sk && sk[g] > mxs) mxs = sk[g];
+        __m256 mx = _mm256_set1_ps(mxs);
         __m256 s8 = _mm256_setzero_ps();
         for (long t = 0; t < n8; t += 8) {
             __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mx));
             _mm256_storeu_ps(p + t, e);
             s8 = _mm256_add_ps(s8, e);
         }
-        const float inv = 1.f / hsum(s8);
+        const float inv = 1.f / (hsum(s8) + (sk ? expf(sk[g] - mxs) : 0.f));
         long d0 = 0;
         while (D - d0 >= 64) PV_BLOCK(8);
         while (D - d0 >= 32) PV_BLOCK(4);
@@ -176,7 +185,8 @@ static inline __attribute__((always_inline)) void attend(
 int spyre_paged_decode(const float *q, long S, long H, long D, const void *pages, int kind,
                        long page_stride, long slot_stride, long head_stride, long KVH,
                        const int64_t *block_ids, long NBK, long BS, const float *mask,
-                       float scale, float skip_below, float *out, int nthreads) {
+                       float scale, float skip_below, const float *sinks, float *out,
+                       int nthreads) {
     const long G = H / KVH, T = NBK * BS, T8 = (T + 7) & ~7L;
     const long esize = kind == KIND_F32 ? 4 : 2;
     if (G > 64) return 2;
@@ -209,16 +219,17 @@ int spyre_paged_decode(const float *q, long S, long H, long D, const void *pages
                     mv[n++] = ms[t];
                 }
                 const float *qs = q + (s * H + h * G) * D;
+                const float *sk = sinks ? sinks + h * G : NULL;
                 float *os = out + (s * H + h * G) * D;
                 switch (kind) {
                     case KIND_BF16:
-                        attend(KIND_BF16, qs, G, D, esize, rows, mv, n, scale, sc, os);
+                        attend(KIND_BF16, qs, G, D, esize, rows, mv, n, scale, sk, sc, os);
                         break;
                     case KIND_F16:
-                        attend(KIND_F16, qs, G, D, esize, rows, mv, n, scale, sc, os);
+                        attend(KIND_F16, qs, G, D, esize, rows, mv, n, scale, sk, sc, os);
                         break;
                     default:
-                        attend(KIND_F32, qs, G, D, esize, rows, mv, n, scale, sc, os);
+                        attend(KIND_F32, qs, G, D, esize, rows, mv, n, scale, sk, sc, os);
                 }
             }
         }
