@@ -56,3 +56,31 @@ def test_every_setting_is_documented() -> None:
     for s in settings.SETTINGS:
         assert s.name.startswith("SPYRE_")
         assert len(s.doc) > 30, s.name
+
+
+def test_a_misspelled_setting_is_reported_at_start_up(monkeypatch, caplog) -> None:
+    """A near miss of a setting's name would be silently ignored: validate_all (run at
+    start-up) warns and names the setting meant; other SPYRE_* variables (torch-spyre's,
+    the tools') are left alone."""
+    import logging
+
+    monkeypatch.setenv("SPYRE_ATTN_KV_LAYOUTS", "head_major")
+    monkeypatch.setenv("SPYRE_INFERENCE_CACHE", "/tmp/cache")
+    assert settings.misspelled() == {"SPYRE_ATTN_KV_LAYOUTS": "SPYRE_ATTN_KV_LAYOUT"}
+    settings.reset_cache()
+    with caplog.at_level(logging.WARNING, logger="vllm.spyre_inference.platform.settings"):
+        settings.validate_all()
+    assert "SPYRE_ATTN_KV_LAYOUTS is not a spyre-inference setting" in caplog.text
+    assert "did you mean SPYRE_ATTN_KV_LAYOUT?" in caplog.text
+    assert "SPYRE_INFERENCE_CACHE" not in caplog.text
+
+
+def test_is_set_tells_a_given_value_from_the_default(monkeypatch) -> None:
+    monkeypatch.delenv("SPYRE_BATCHED_DECODE", raising=False)
+    settings.reset_cache()
+    assert not settings.is_set("SPYRE_BATCHED_DECODE")
+    monkeypatch.setenv("SPYRE_BATCHED_DECODE", "1")
+    settings.reset_cache()
+    assert settings.is_set("SPYRE_BATCHED_DECODE")
+    with pytest.raises(KeyError):
+        settings.is_set("SPYRE_NO_SUCH_SETTING")

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -159,8 +158,7 @@ def explicitly_set(name: str) -> bool:
     request. Reading the raw variable only answers "was it given"; its value
     still comes from :mod:`spyre_inference.platform.settings`.
     """
-    settings.get(name)  # a known setting, with a valid value
-    return name in os.environ
+    return settings.is_set(name)
 
 
 def num_seqs_buckets_setting() -> tuple[int, ...]:

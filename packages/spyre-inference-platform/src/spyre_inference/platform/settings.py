@@ -10,10 +10,15 @@ a silent fallback to a default the user did not ask for.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+# Inside vLLM's logger tree (see platform.logs) without importing vLLM here.
+logger = logging.getLogger(f"vllm.{__name__}")
 
 
 class SettingError(ValueError):
@@ -255,8 +260,38 @@ def get(name: str) -> Any:
     return setting.read()
 
 
+def is_set(name: str) -> bool:
+    """Whether the user set ``name`` (a known setting, with a valid value) rather
+    than leaving its default."""
+    get(name)
+    return name in os.environ
+
+
+def misspelled(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``SPYRE_*`` variables that are not settings but nearly spell one: name -> setting.
+
+    Only near misses are reported: torch-spyre and the project's tools read
+    ``SPYRE_*`` variables of their own, which are not typos.
+    """
+    environ = os.environ if environ is None else environ
+    found = {}
+    for name in environ:
+        if name.startswith("SPYRE_") and name not in _BY_NAME:
+            close = difflib.get_close_matches(name, _BY_NAME, n=1, cutoff=0.85)
+            if close:
+                found[name] = close[0]
+    return found
+
+
 def validate_all() -> dict[str, Any]:
-    """Parse every setting now so a bad value fails start-up, not a request."""
+    """Parse every setting now so a bad value fails start-up, not a request; warn
+    about a variable that looks like a misspelled setting (it would be ignored)."""
+    for name, setting in sorted(misspelled().items()):
+        logger.warning(
+            "%s is not a spyre-inference setting and is ignored; did you mean %s?",
+            name,
+            setting,
+        )
     return {s.name: get(s.name) for s in SETTINGS}
 
 
