@@ -94,13 +94,78 @@ def test_multimodal_model_is_rejected(tmp_path) -> None:
         _config(model)
 
 
+def _quantized(tmp_path, name: str, kind: str = "llama", **quant: object):
+    config = tiny_config(kind)
+    config.quantization_config = quant
+    return save_config_only(config, tmp_path / name)
+
+
+@pytest.mark.parametrize(
+    ("name", "quant", "expected"),
+    [
+        (
+            "awq",
+            {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
+             "version": "gemm"},
+            # vLLM resolves an AWQ checkpoint on this platform to its auto_awq method.
+            r"quantization='auto_awq' .*not supported by spyre-inference: it serves "
+            r"compressed-tensors, fp8",
+        ),
+        (
+            "gptq",
+            {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False,
+             "sym": True},
+            r"quantization='auto_gptq' .*not supported",
+        ),
+        (
+            "fp8-block",
+            {"quant_method": "fp8", "activation_scheme": "dynamic",
+             "weight_block_size": [128, 128]},
+            r"quantization='fp8' .*block-scaled weights \(weight_block_size=\[128, 128\]\)",
+        ),
+        (
+            "w4a16",
+            {"quant_method": "compressed-tensors", "format": "pack-quantized",
+             "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                 "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group",
+                 "group_size": 128}}}},
+            r"group 'group_0' uses 4-bit int weights.*Serve an unquantized",
+        ),
+    ],
+)  # fmt: skip
+def test_quantization_the_kernels_do_not_serve_is_refused_by_name(tmp_path, name, quant, expected):
+    """Methods and schemes the ops package has no kernel for fail in the user's
+    process, naming the method (or group) and what is served; before, each died in
+    the engine with vLLM's "Failed to find a kernel"."""
+    with pytest.raises(ValueError, match=expected):
+        _config(_quantized(tmp_path, name, **quant))
+
+
+def test_quantized_moe_is_refused(tmp_path) -> None:
+    from spyre_inference.platform.testing.quantize import quantization_config
+
+    model = _quantized(tmp_path, "moe-fp8", "mixtral", **quantization_config("fp8_w8a8"))
+    expected = r"mixture-of-experts model: .*expert kernels are unquantized"
+    with pytest.raises(ValueError, match=expected):
+        _config(model)
+
+
+def test_served_quantization_passes_the_start_up_checks(tmp_path, tiny_llama) -> None:
+    from spyre_inference.platform.testing.quantize import SCHEMES, quantization_config
+
+    for scheme in SCHEMES:
+        config = _config(_quantized(tmp_path, scheme, **quantization_config(scheme)))
+        assert config.model_config.quantization == "compressed-tensors"
+    assert _config(tiny_llama, quantization="fp8").model_config.quantization == "fp8"
+
+
 def test_gpt_oss_mxfp4_checkpoint_is_refused_by_name(tmp_path) -> None:
     """gpt-oss's released checkpoints are MXFP4 (a quantization method): refused in the
     user's process, naming it; the bfloat16 form runs (models package, test_gpt_oss)."""
     config = tiny_config("gpt_oss")
     config.quantization_config = {"quant_method": "mxfp4"}
     model = save_config_only(config, tmp_path / "gpt-oss-mxfp4")
-    with pytest.raises(ValueError, match=r"quantization='gpt_oss_mxfp4' .*serve an unquantized"):
+    with pytest.raises(ValueError, match=r"quantization='gpt_oss_mxfp4' .*not supported"):
         _config(model)
 
 
@@ -281,13 +346,12 @@ def test_forced_cpu_isa_is_used_or_refused_at_start_up(tiny_llama, monkeypatch, 
 @pytest.mark.parametrize(
     ("option", "expected"),
     [
-        ({"quantization": "fp8"}, r"quantization='fp8' .*serve an unquantized"),
         (
             {"enable_sleep_mode": True},
             r"sleep mode \(--enable-sleep-mode.*not supported.*Remove --enable-sleep-mode",
         ),
     ],
-    ids=["fp8", "sleep"],
+    ids=["sleep"],
 )
 def test_unsupported_engine_option_is_refused_at_start_up(tiny_llama, option, expected) -> None:
     """Each fails in the user's process, naming the option and what to do (before

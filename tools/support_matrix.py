@@ -164,7 +164,7 @@ def status(feature: Feature, mapped: Sequence[Result]) -> str:
     return "refused clearly" if feature.expect == "refused" else "passed"
 
 
-def _evidence(mapped: Sequence[Result], limit: int = 3) -> str:
+def evidence(mapped: Sequence[Result], limit: int = 3) -> str:
     if not mapped:
         return ""
     counts: dict[str, int] = {}
@@ -197,7 +197,7 @@ def _short(value: str, width: int = 48) -> str:
     return value if len(value) <= width else value[: width - 3] + "..."
 
 
-def _run_line(results: Sequence[Result], files: Sequence[Path]) -> str:
+def run_line(results: Sequence[Result], files: Sequence[Path]) -> str:
     """Which sessions the page reflects: name, date of the run, test counts."""
     parts = []
     for path in files:
@@ -228,7 +228,7 @@ def render(results: Sequence[Result], files: Sequence[Path]) -> str:
         "python tools/support_matrix.py   # writes docs/support-matrix.md",
         "```",
         "",
-        _run_line(results, files),
+        run_line(results, files),
         "",
         "Status: **passed** (its tests passed), **refused clearly** (the plugin rejects it",
         "with a clear error, and a test shows that), **FAILED**, **skipped** (all its tests",
@@ -243,7 +243,7 @@ def render(results: Sequence[Result], files: Sequence[Path]) -> str:
             mapped = tests_of(feature, results)
             title = feature.title + (f" ({feature.note})" if feature.note else "")
             lines.append(
-                f"| {title} | {feature.source} | {status(feature, mapped)} | {_evidence(mapped)} |"
+                f"| {title} | {feature.source} | {status(feature, mapped)} | {evidence(mapped)} |"
             )
         lines.append("")
     untested = [f.title for f in FEATURES if status(f, tests_of(f, results)) == "not tested"]

@@ -92,6 +92,12 @@ def test_lora_is_refused_on_the_card_path_before_the_engine(tiny_llama) -> None:
         LLM(str(tiny_llama), enable_lora=True, max_lora_rank=8, **ENGINE)
 
 
+def test_quantization_is_refused_on_the_card_path_before_the_engine(tiny_llama) -> None:
+    """The 8-bit kernels have run on the cpu target only: the card path refuses them."""
+    with pytest.raises(ValueError, match=r"quantization='fp8' .*not been verified on the Spyre"):
+        LLM(str(tiny_llama), quantization="fp8", **ENGINE)
+
+
 def test_minilm_embeddings_match_sentence_transformers(in_process, monkeypatch) -> None:
     sys.path.insert(0, str(Path(__file__).parents[2] / "packages/spyre-inference-models/tests"))
     from minilm_data import SENTENCES, minilm_path, reference_embeddings

@@ -154,3 +154,33 @@ def test_cross_encoder_score_equals_hf(kind, tiny_model_factory, make_llm) -> No
     assert f"Spyre{architecture}" in classes
     got = [o.outputs.score for o in llm.score(QUERIES, DOCUMENTS)]
     assert got == pytest.approx(want, abs=1e-5)
+
+
+def _hf_token_probs(path, prompts) -> list[torch.Tensor]:
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForTokenClassification.from_pretrained(path, dtype=torch.float32).eval()
+    out = []
+    for prompt in prompts:
+        with torch.inference_mode():
+            logits = model(**tokenizer(prompt, return_tensors="pt")).logits[0]
+        out.append(torch.softmax(logits, dim=-1))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_token_classification_equals_hf(kind, tiny_model_factory, make_llm) -> None:
+    """``*ForTokenClassification`` (NER-style heads): per-token class probabilities
+    (vLLM's token_classify task applies a softmax) equal HF's on the same weights."""
+    architecture = f"{'Bert' if kind == 'bert' else 'Roberta'}ForTokenClassification"
+    model = tiny_model_factory(kind, architecture=architecture, num_labels=5)
+    want = _hf_token_probs(model, PROMPTS)
+    llm = make_llm(model, dtype="float32", enforce_eager=True, max_num_batched_tokens=512)
+    (classes,) = llm.apply_model(_classes)
+    assert f"Spyre{architecture}" in classes
+    outputs = llm.encode(PROMPTS, pooling_task="token_classify")
+    for i, (o, w) in enumerate(zip(outputs, want, strict=True)):
+        got = torch.as_tensor(o.outputs.data)
+        assert got.shape == w.shape, (i, got.shape, w.shape)
+        torch.testing.assert_close(got.float(), w, rtol=0, atol=1e-5, msg=f"prompt {i}")

@@ -30,6 +30,8 @@ LAYER_MODULES = (
     "spyre_inference.ops.gate_linear",
 )
 CONVERT_MODULE = "spyre_inference.ops.convert"
+QUANTIZED_KERNELS_MODULE = "spyre_inference.ops.quantized_linear"
+FP8_OPS_MODULE = "spyre_inference.ops.fp8_quant_ops"
 
 _logged = False
 
@@ -40,6 +42,10 @@ def register_all() -> dict[str, type]:
     importlib.import_module(CONVERT_MODULE)
     for name in LAYER_MODULES:
         importlib.import_module(name)
+    # The 8-bit kernels vLLM's quantized linear methods select from, and the
+    # FP8 quantization ops a vLLM built without its _C library lacks.
+    importlib.import_module(QUANTIZED_KERNELS_MODULE).register_kernels()
+    importlib.import_module(FP8_OPS_MODULE).register_missing()
     # Imports are cached: if vLLM's registry was reset since (tests do), this
     # puts the swaps back; otherwise it only checks them.
     ensure_registered()

@@ -115,8 +115,9 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
     does not name the option: LoRA on the card path (the punica wrapper is
     host code), a
     speculative method other than ngram (or ngram without ``numba``), a
-    quantized checkpoint in vLLM's kernel selection ("Failed to find a kernel
-    ..."), a multimodal model (its encoders are not verified), a model with
+    quantized checkpoint without the ops package's kernels (vLLM's "Failed to
+    find a kernel ..."; the ops package checks the schemes it serves), a
+    multimodal model (its encoders are not verified), a model with
     multi-head latent attention (no Spyre backend for it),
     sleep mode (vLLM's sleep allocator is CUDA's cumem; on the cpu target
     weights and cache already live in host memory, so there is nothing to
@@ -163,11 +164,18 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
             "target the weights and KV cache already live in host memory, with nowhere to "
             "offload them. Remove --enable-sleep-mode; to free the memory, stop the server"
         )
-    if model_config is not None and model_config.quantization is not None:
+    if (
+        model_config is not None
+        and model_config.quantization is not None
+        and not discovery.general_plugin_enabled("spyre_ops")
+    ):
+        # The quantized kernels (and the check of which schemes they serve)
+        # belong to the ops package's layers; without it nothing computes them.
         problems.append(
             f"quantization={model_config.quantization!r} (--quantization, or the "
-            "checkpoint's quantization_config) is not supported by spyre-inference yet: "
-            "serve an unquantized bfloat16/float16/float32 checkpoint"
+            "checkpoint's quantization_config) needs the 8-bit kernels of "
+            "spyre-inference-ops, which is not loaded: install it (and keep spyre_ops in "
+            "VLLM_PLUGINS), or serve an unquantized bfloat16/float16/float32 checkpoint"
         )
     if len(problems) == 1:
         raise ConfigError(problems[0] + ".")

@@ -16,6 +16,7 @@ import is what works for per-package test folders.)
 from spyre_inference.platform.testing.hf import (
     GreedyResult,
     assert_greedy_close,
+    assert_greedy_top_k_close,
     hf_cross_encoder_scores,
     hf_greedy,
     hf_greedy_with_logprobs,
@@ -48,6 +49,7 @@ __all__ = [
     "VOCAB_SIZE",
     "GreedyResult",
     "assert_greedy_close",
+    "assert_greedy_top_k_close",
     "build_tiny_model",
     "build_tokenizer",
     "hf_cross_encoder_scores",

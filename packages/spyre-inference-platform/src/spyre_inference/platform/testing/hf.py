@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -192,3 +192,37 @@ def hf_cross_encoder_scores(
         with torch.inference_mode():
             scores.append(float(torch.sigmoid(model(**enc).logits[0, 0].float())))
     return scores
+
+
+def assert_greedy_top_k_close(
+    reference: Sequence[GreedyResult],
+    outputs: Sequence[Sequence[int]],
+    output_logprobs: Sequence[Sequence[Mapping[int, float]]],
+    k: int = 5,
+) -> int:
+    """Each sequence is identical to the reference up to its first divergence, where
+    each side's token is among the other's top ``k``; returns the exact count.
+
+    The criterion for a quantized model against the 16-bit reference on the same
+    (dequantized) weights: activation rounding moves near-ties, nothing more.
+    ``output_logprobs`` are the plugin's per-step ``{token: logprob}`` (at least
+    its top ``k``).
+    """
+    exact = 0
+    for index, (ref, out, out_lp) in enumerate(
+        zip(reference, outputs, output_logprobs, strict=True)
+    ):
+        step = next(
+            (i for i, (a, b) in enumerate(zip(ref.token_ids, out, strict=False)) if a != b), None
+        )
+        if step is None:
+            exact += 1
+            continue
+        ref_top = sorted(ref.logprobs[step], key=ref.logprobs[step].get, reverse=True)[:k]
+        out_top = sorted(out_lp[step], key=out_lp[step].get, reverse=True)[:k]
+        detail = (
+            f"prompt {index} diverges at step {step}: reference {ref.token_ids[step]} "
+            f"(top {ref_top}), got {out[step]} (top {out_top})"
+        )
+        assert out[step] in ref_top and ref.token_ids[step] in out_top, detail
+    return exact
