@@ -18,9 +18,13 @@ kernel signature (heads, head size, scale, soft-cap, ALiBi, cache shape) are
 recorded once; sliding windows only change mask values, not graphs.
 
 Entry point for the platform core: every attention backend class of this
-package has a ``warm_up(runner)`` classmethod that calls
-:func:`record_backend`; the runner calls it once per backend class found in
-``runner.attn_groups`` (the core does not import this package).
+package implements the core's
+:class:`~spyre_inference.platform.warmup.WarmsUpAttention` (a ``warm_up(plan)``
+classmethod that calls :func:`record_backend`); the runner calls it once per
+backend class of its attention groups with an
+:class:`~spyre_inference.platform.warmup.AttentionWarmUpPlan`, and this module
+reads nothing of the runner beyond the plan (the core does not import this
+package).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from spyre_inference.attention.bucketing import EncoderBucketer, cdiv, lower_bou
 from spyre_inference.attention.ops import compiled
 from spyre_inference.platform import device as placement
 from spyre_inference.platform.logs import get_logger
+from spyre_inference.platform.warmup import AttentionGroupPlan, AttentionWarmUpPlan
 
 logger = get_logger(__name__)
 
@@ -61,9 +66,8 @@ class _Step:
     run: Callable[[], None]
 
 
-def _layers(runner: Any, names: list[str]) -> list[Any]:
-    context = runner.vllm_config.compilation_config.static_forward_context
-    return [context[name] for name in names if name in context]
+def _layers(plan: AttentionWarmUpPlan, names: tuple[str, ...]) -> list[Any]:
+    return [plan.layers[name] for name in names if name in plan.layers]
 
 
 def _kv_cache(layer: Any) -> torch.Tensor:
@@ -117,8 +121,10 @@ def _common_metadata(
     )
 
 
-def _decoder_steps(runner: Any, group: Any, impl: Any, kv_cache: torch.Tensor) -> list[_Step]:
-    builder = group.get_metadata_builder()
+def _decoder_steps(
+    plan: AttentionWarmUpPlan, group: AttentionGroupPlan, impl: Any, kv_cache: torch.Tensor
+) -> list[_Step]:
+    builder = group.builder
     bucketer = builder.bucketer
     block_size = builder.block_size
     max_len = bucketer.max_model_len
@@ -171,7 +177,7 @@ def _decoder_steps(runner: Any, group: Any, impl: Any, kv_cache: torch.Tensor) -
                     lambda n=num_seqs, s=seq_len: attend([1] * n, [s] * n),
                 )
             )
-    sizes = getattr(getattr(runner, "token_buckets", None), "sizes", ())
+    sizes = plan.token_buckets
     if impl.compile_store and sizes:
         for num_tokens in sizes:
 
@@ -186,10 +192,10 @@ def _decoder_steps(runner: Any, group: Any, impl: Any, kv_cache: torch.Tensor) -
     return steps
 
 
-def _encoder_steps(runner: Any, group: Any, impl: Any) -> list[_Step]:
-    builder = group.get_metadata_builder()
+def _encoder_steps(plan: AttentionWarmUpPlan, group: AttentionGroupPlan, impl: Any) -> list[_Step]:
+    builder = group.builder
     bucketer = builder.bucketer
-    dtype = runner.vllm_config.model_config.dtype
+    dtype = plan.model_dtype
     # The encoder's Q/K/V come from the device in serving; warm-up inputs must
     # too, or (the variant key holds the device type) every served variant on
     # the card would compile on first use.
@@ -224,7 +230,7 @@ def _encoder_steps(runner: Any, group: Any, impl: Any) -> list[_Step]:
     return steps
 
 
-def record_backend(backend_cls: type, runner: Any) -> WarmUpReport:
+def record_backend(backend_cls: type, plan: AttentionWarmUpPlan) -> WarmUpReport:
     """Compile every kernel variant ``backend_cls``'s layers can reach when serving."""
     name = getattr(backend_cls, "__name__", str(backend_cls))
     report = WarmUpReport(name)
@@ -235,28 +241,26 @@ def record_backend(backend_cls: type, runner: Any) -> WarmUpReport:
 
     steps: list[_Step] = []
     seen: set[tuple[Any, ...]] = set()
-    for groups in runner.attn_groups:
-        for group in groups:
-            if group.backend is not backend_cls:
+    for group in plan.groups:
+        if group.backend is not backend_cls:
+            continue
+        for layer in _layers(plan, group.layer_names):
+            impl = layer.impl
+            # The encoder's builder (and only it) plans on an EncoderBucketer.
+            # Asked of the bucketer, not the builder class: the backends import
+            # this module, so importing them here would be an import cycle.
+            encoder = isinstance(group.builder.bucketer, EncoderBucketer)
+            kv_cache = None if encoder else _kv_cache(layer)
+            signature = _signature(impl, kv_cache)
+            # The encoder impl has no KV store to compile (no KV cache).
+            compiles = impl.compile_kernels or getattr(impl, "compile_store", False)
+            if signature in seen or not compiles:
                 continue
-            builder = group.get_metadata_builder()
-            for layer in _layers(runner, group.layer_names):
-                impl = layer.impl
-                # The encoder's builder (and only it) plans on an EncoderBucketer.
-                # Asked of the bucketer, not the builder class: the backends import
-                # this module, so importing them here would be an import cycle.
-                encoder = isinstance(builder.bucketer, EncoderBucketer)
-                kv_cache = None if encoder else _kv_cache(layer)
-                signature = _signature(impl, kv_cache)
-                # The encoder impl has no KV store to compile (no KV cache).
-                compiles = impl.compile_kernels or getattr(impl, "compile_store", False)
-                if signature in seen or not compiles:
-                    continue
-                seen.add(signature)
-                if encoder:
-                    steps += _encoder_steps(runner, group, impl)
-                elif kv_cache is not None and kv_cache.numel() > 0:
-                    steps += _decoder_steps(runner, group, impl, kv_cache)
+            seen.add(signature)
+            if encoder:
+                steps += _encoder_steps(plan, group, impl)
+            elif kv_cache is not None and kv_cache.numel() > 0:
+                steps += _decoder_steps(plan, group, impl, kv_cache)
 
     report.variants = len(steps)
     if not steps:
@@ -295,20 +299,3 @@ def record_backend(backend_cls: type, runner: Any) -> WarmUpReport:
         report.seconds,
     )
     return report
-
-
-def record_all(runner: Any) -> list[WarmUpReport]:
-    """Warm up every attention backend class of the runner that has ``warm_up``.
-
-    What the core's runner does itself; exposed for scripts and tests.
-    """
-    reports = []
-    seen: set[type] = set()
-    for groups in runner.attn_groups:
-        for group in groups:
-            backend = group.backend
-            if backend in seen or not hasattr(backend, "warm_up"):
-                continue
-            seen.add(backend)
-            reports.append(record_backend(backend, runner))
-    return reports

@@ -35,7 +35,14 @@ from spyre_inference.platform.kv_allocation import allocate_device_kv_cache
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.model_wrapper import _SpyreModelWrapper
 from spyre_inference.platform.token_buckets import TokenBuckets
-from spyre_inference.platform.warmup import WarmUpStats, warm_up_buckets, warm_up_logprobs
+from spyre_inference.platform.warmup import (
+    AttentionGroupPlan,
+    AttentionWarmUpPlan,
+    WarmsUpAttention,
+    WarmUpStats,
+    warm_up_buckets,
+    warm_up_logprobs,
+)
 
 logger = get_logger(__name__)
 
@@ -202,6 +209,22 @@ class TorchSpyreModelRunner(GPUModelRunner):
         )
         self._set_active_loras(prompt_mapping, token_mapping + (0,) * pad, requests, mapping_type)
 
+    def _attention_warm_up_plan(self) -> AttentionWarmUpPlan:
+        """What the attention backends read at warm-up (the typed contract)."""
+        groups = tuple(
+            AttentionGroupPlan(g.backend, tuple(g.layer_names), g.get_metadata_builder())
+            for groups in self.attn_groups
+            for g in groups
+        )
+        context = self.vllm_config.compilation_config.static_forward_context
+        names = {name for g in groups for name in g.layer_names}
+        return AttentionWarmUpPlan(
+            groups=groups,
+            layers={name: layer for name, layer in context.items() if name in names},
+            token_buckets=tuple(self.token_buckets.sizes),
+            model_dtype=self.model_config.dtype,
+        )
+
     def warm_up(self) -> None:
         """Compile everything serving can reach, so no request pays a compile.
 
@@ -214,10 +237,10 @@ class TorchSpyreModelRunner(GPUModelRunner):
         # in eager mode on purpose: the head-major backend compiles attention
         # even under --enforce-eager. Backends are reached through
         # the attention groups, never imported by name.
-        attn_backends = {group.backend for groups in self.attn_groups for group in groups}
-        for backend in attn_backends:
-            if hasattr(backend, "warm_up"):
-                backend.warm_up(self)
+        plan = self._attention_warm_up_plan()
+        for backend in dict.fromkeys(group.backend for group in plan.groups):
+            if isinstance(backend, WarmsUpAttention):
+                backend.warm_up(plan)
         # ---- end attention kernels -----------------------------------------
         # Block graphs (or the whole-model graph): one dummy step per
         # num_tokens bucket, padded exactly as a served step is.

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch._dynamo.utils import counters
@@ -32,6 +33,43 @@ from spyre_inference.platform.block_compile import CompileReport, check_depth_in
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionGroupPlan:
+    """One KV-cache group of one attention backend, as warm-up sees it."""
+
+    backend: type
+    layer_names: tuple[str, ...]
+    #: The group's metadata builder: warm-up plans its synthetic steps with it,
+    #: so they land on exactly the kernel variants serving will.
+    builder: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionWarmUpPlan:
+    """Everything an attention backend reads to compile the kernel variants serving
+    can reach, and nothing else of the runner (the contract of :class:`WarmsUpAttention`).
+    """
+
+    groups: tuple[AttentionGroupPlan, ...]
+    #: layer name -> vLLM's attention layer (its ``impl`` and bound ``kv_cache``)
+    layers: Mapping[str, Any]
+    #: the runner's num_tokens buckets (the KV store compiles one graph per bucket)
+    token_buckets: tuple[int, ...]
+    model_dtype: torch.dtype
+
+
+@runtime_checkable
+class WarmsUpAttention(Protocol):
+    """An attention backend class that records its kernel variants at warm-up.
+
+    The runner calls ``warm_up`` once per backend class of its attention groups,
+    with one plan for all; the core never imports a backend by name.
+    """
+
+    @classmethod
+    def warm_up(cls, plan: AttentionWarmUpPlan) -> object: ...
 
 
 @dataclasses.dataclass

@@ -32,7 +32,7 @@ them).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +59,8 @@ from spyre_inference.platform.logs import get_logger
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.cache import CacheDType
+
+    from spyre_inference.platform.warmup import AttentionWarmUpPlan
 
 logger = get_logger(__name__)
 
@@ -365,8 +367,9 @@ class SpyreEncoderAttentionBackend(AttentionBackend):
         return None
 
     @classmethod
-    def warm_up(cls, runner: Any) -> None:
-        """Record every encoder kernel variant serving can reach."""
+    def warm_up(cls, plan: AttentionWarmUpPlan) -> None:
+        """Record every encoder kernel variant serving can reach (the core's
+        :class:`~spyre_inference.platform.warmup.WarmsUpAttention` contract)."""
         from spyre_inference.attention.warmup import record_backend
 
-        record_backend(cls, runner)
+        record_backend(cls, plan)

@@ -68,6 +68,8 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.config.cache import CacheDType
 
+    from spyre_inference.platform.warmup import AttentionWarmUpPlan
+
 logger = get_logger(__name__)
 
 #: Slot the padding rows of a step are written to: slot 0 of block 0, vLLM's
@@ -975,14 +977,15 @@ class SpyreAttentionBackend(AttentionBackend):
         return None
 
     @classmethod
-    def warm_up(cls, runner: Any) -> None:
-        """Record every kernel variant serving can reach (the runner's warm-up calls this).
+    def warm_up(cls, plan: AttentionWarmUpPlan) -> None:
+        """Record every kernel variant serving can reach (the core's
+        :class:`~spyre_inference.platform.warmup.WarmsUpAttention` contract).
 
         See :func:`spyre_inference.attention.warmup.record_backend`.
         """
         from spyre_inference.attention.warmup import record_backend
 
-        record_backend(cls, runner)
+        record_backend(cls, plan)
 
     @staticmethod
     def allocate_pages(
