@@ -150,6 +150,16 @@ def batched_decode_requested() -> bool:
     return bool(settings.get("SPYRE_BATCHED_DECODE"))
 
 
+def softmax_stats_dtype(compute_dtype: torch.dtype) -> torch.dtype:
+    """Dtype of the scores, running max/sum and accumulator (every backend).
+
+    float32 on the cpu target (the host has it for free, and it keeps long
+    contexts accurate); the card computes in float16 only, so there the
+    statistics stay in the compute dtype.
+    """
+    return compute_dtype if placement.is_spyre() else torch.float32
+
+
 def explicitly_set(name: str) -> bool:
     """Whether the user set a plugin setting, as opposed to leaving its default.
 

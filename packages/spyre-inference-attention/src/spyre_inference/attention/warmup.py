@@ -38,7 +38,7 @@ import torch
 from vllm.v1.attention.backend import CommonAttentionMetadata
 
 from spyre_inference.attention import policy
-from spyre_inference.attention.bucketing import EncoderBucketer, cdiv, lower_bound
+from spyre_inference.attention.bucketing import cdiv, lower_bound
 from spyre_inference.attention.ops import compiled
 from spyre_inference.platform import device as placement
 from spyre_inference.platform.logs import get_logger
@@ -246,10 +246,9 @@ def record_backend(backend_cls: type, plan: AttentionWarmUpPlan) -> WarmUpReport
             continue
         for layer in _layers(plan, group.layer_names):
             impl = layer.impl
-            # The encoder's builder (and only it) plans on an EncoderBucketer.
-            # Asked of the bucketer, not the builder class: the backends import
-            # this module, so importing them here would be an import cycle.
-            encoder = isinstance(group.builder.bucketer, EncoderBucketer)
+            # The builder says which steps its layers need (a class attribute,
+            # not an isinstance: the backends import this module).
+            encoder = group.builder.warm_up_form == "encoder"
             kv_cache = None if encoder else _kv_cache(layer)
             signature = _signature(impl, kv_cache)
             # The encoder impl has no KV store to compile (no KV cache).

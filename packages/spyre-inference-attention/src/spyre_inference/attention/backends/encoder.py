@@ -51,7 +51,6 @@ from vllm.v1.attention.backend import (
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
 from spyre_inference.attention import ops, policy
-from spyre_inference.attention.backends.token_major import softmax_stats_dtype
 from spyre_inference.attention.bucketing import EncoderBucketer
 from spyre_inference.platform import device as placement
 from spyre_inference.platform.logs import get_logger
@@ -137,6 +136,9 @@ def make_encoder_bucketer(vllm_config: VllmConfig) -> EncoderBucketer:
 
 class SpyreEncoderMetadataBuilder(AttentionMetadataBuilder[SpyreEncoderMetadata]):
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    #: Which synthetic steps warm-up records (:mod:`spyre_inference.attention.warmup`):
+    #: padded and fused encoder attention, no KV cache.
+    warm_up_form: ClassVar[str] = "encoder"
     reorder_batch_threshold: int | None = None
 
     def __init__(
@@ -148,7 +150,7 @@ class SpyreEncoderMetadataBuilder(AttentionMetadataBuilder[SpyreEncoderMetadata]
     ) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.bucketer = make_encoder_bucketer(vllm_config)
-        self.stats_dtype = softmax_stats_dtype(kv_cache_spec.dtype)
+        self.stats_dtype = policy.softmax_stats_dtype(kv_cache_spec.dtype)
 
     def _group_windows(self) -> set[int | None]:
         context = self.vllm_config.compilation_config.static_forward_context

@@ -80,16 +80,6 @@ NULL_SLOT = 0
 NULL_BLOCK = 0
 
 
-def softmax_stats_dtype(compute_dtype: torch.dtype) -> torch.dtype:
-    """Dtype of the scores, running max/sum and accumulator.
-
-    float32 on the cpu target (the host has it for free, and it keeps long
-    contexts accurate); the card computes in float16 only, so there the
-    statistics stay in the compute dtype.
-    """
-    return compute_dtype if placement.is_spyre() else torch.float32
-
-
 def build_tile_mask(
     query_len: int,
     context_len: int,
@@ -355,6 +345,9 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
     supports_batched_decode: ClassVar[bool] = True
     #: Whether the cpu target's host kernel reads this layout's pages.
     supports_host_rows: ClassVar[bool] = True
+    #: Which synthetic steps warm-up records for this builder's layers
+    #: (:mod:`spyre_inference.attention.warmup`): decoder page attention.
+    warm_up_form: ClassVar[str] = "decoder"
 
     def __init__(
         self,
@@ -367,7 +360,7 @@ class SpyreAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
         self.block_size = kv_cache_spec.block_size
         self.num_kv_heads = kv_cache_spec.num_kv_heads
         self.bucketer = make_bucketer(vllm_config, self.block_size)
-        self.stats_dtype = softmax_stats_dtype(kv_cache_spec.dtype)
+        self.stats_dtype = policy.softmax_stats_dtype(kv_cache_spec.dtype)
         self.batched_decode = self.supports_batched_decode and policy.batched_decode_requested()
         #: cpu target: prefills may run on the host kernel when cheaper (warm-up
         #: turns this off while it compiles every graph variant).
