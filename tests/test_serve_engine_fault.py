@@ -27,6 +27,8 @@ from tests.serving import serve
 MODEL = "tiny-llama"
 #: Seconds from the kill until the server must have exited.
 EXIT_DEADLINE = 90.0
+#: Tokens per stream (the server's max-model-len is 1024, the tiny model's limit).
+STREAM_TOKENS = 1000
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -64,8 +66,16 @@ def _stream(base_url: str, i: int, started: threading.Event, outcome: list) -> N
     """A long greedy stream; records how it ended (error, or finished against all odds)."""
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
     try:
+        # Long enough to outlast the kill on any machine: a fast host finished
+        # 200-token streams (or hit eos) before the kill landed, so these ignore
+        # eos and ask for 1000 tokens (seconds of decoding even for the tiny model).
         stream = client.completions.create(
-            model=MODEL, prompt=f"Story {i}:", max_tokens=200, temperature=0, stream=True
+            model=MODEL,
+            prompt=f"Story {i}:",
+            max_tokens=STREAM_TOKENS,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
         )
         for chunk in stream:
             started.set()
@@ -87,7 +97,7 @@ def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
 ) -> None:
     args = [
         "--served-model-name", MODEL,
-        "--max-model-len", "256",
+        "--max-model-len", "1024",
         "--max-num-seqs", "4",
         "--max-num-batched-tokens", "128",
         "--tensor-parallel-size", str(tp),
