@@ -176,12 +176,6 @@ def test_multi_head_latent_attention_is_rejected(config_only) -> None:
         _config(config_only["mla"])
 
 
-def test_pipeline_parallel_is_rejected(tiny_llama) -> None:
-    expected = r"pipeline_parallel_size=2 is not supported by spyre-inference; use --tensor"
-    with pytest.raises(ValueError, match=expected):
-        _config(tiny_llama, pipeline_parallel_size=2)
-
-
 def test_data_parallel_is_rejected(tiny_llama) -> None:
     with pytest.raises(ValueError, match=r"data_parallel_size=2 .*Remove --data-parallel-size"):
         _config(tiny_llama, data_parallel_size=2)

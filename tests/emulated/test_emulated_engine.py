@@ -98,6 +98,13 @@ def test_quantization_is_refused_on_the_card_path_before_the_engine(tiny_llama) 
         LLM(str(tiny_llama), quantization="fp8", **ENGINE)
 
 
+def test_pipeline_parallel_is_refused_on_the_card_path_before_the_engine(tiny_llama) -> None:
+    """Stages exchange activations by send/recv, verified over gloo on the cpu target
+    only: the card path refuses pipeline parallelism by name."""
+    with pytest.raises(ValueError, match=r"pipeline_parallel_size=2 has not been verified"):
+        LLM(str(tiny_llama), pipeline_parallel_size=2, **ENGINE)
+
+
 def test_minilm_embeddings_match_sentence_transformers(in_process, monkeypatch) -> None:
     sys.path.insert(0, str(Path(__file__).parents[2] / "packages/spyre-inference-models/tests"))
     from minilm_data import SENTENCES, minilm_path, reference_embeddings
