@@ -187,10 +187,11 @@ def test_cancelled_streams_free_the_kv_cache(server) -> None:
     # The server stopped generating for the cancelled streams, not ran them out
     # (that would be ~9,000 tokens: 200 per stream, or what max_model_len leaves).
     # How many it makes before it sees a disconnect depends on the step rate and
-    # on load: ~150 alone on a 2-core VM, 2,689 once inside the full CI suite.
+    # on load: ~150 alone on a 2-core VM, 2,689 and 5,535 inside full CI runs. The
+    # bound is 80 % of a run-out: what is asserted is that they stop, not how soon.
     generated = settled_generated() - generated_before
     print(f"\n{streams} streams cancelled; {generated:.0f} tokens generated for them")
-    assert generated < streams * max_tokens / 2, generated
+    assert generated < 0.8 * streams * max_tokens, generated
 
     # And it still serves, each answer the same as the request alone.
     async def after() -> tuple[list, list[str]]:
