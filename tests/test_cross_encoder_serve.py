@@ -35,6 +35,14 @@ DOCUMENTS = [
     "OK.",
 ]
 TOLERANCE = 1e-3
+#: Both servers (cross-encoder and classifier): float32, so the comparison is tight.
+SERVER_ARGS = [
+    "--served-model-name", MODEL_NAME,
+    "--dtype", "float32",
+    "--max-model-len", "256",
+    "--max-num-seqs", "8",
+    "--max-num-batched-tokens", "512",
+]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +52,7 @@ def cross_encoder(tiny_model_factory):
 
 @pytest.fixture(scope="module")
 def server(cross_encoder):
-    args = [
-        "--served-model-name", MODEL_NAME,
-        "--dtype", "float32",
-        "--max-model-len", "256",
-        "--max-num-seqs", "8",
-        "--max-num-batched-tokens", "512",
-    ]  # fmt: skip
-    with serve(cross_encoder, args) as srv:
+    with serve(cross_encoder, SERVER_ARGS) as srv:
         yield srv
 
 
@@ -105,14 +106,7 @@ CLASSIFY_INPUTS = ["Paris is the capital of France.", "OK.", "The old lighthouse
 @pytest.fixture(scope="module")
 def classifier_server(tiny_model_factory):
     model = tiny_model_factory("bert", architecture="BertForSequenceClassification", num_labels=3)
-    args = [
-        "--served-model-name", MODEL_NAME,
-        "--dtype", "float32",
-        "--max-model-len", "256",
-        "--max-num-seqs", "8",
-        "--max-num-batched-tokens", "512",
-    ]  # fmt: skip
-    with serve(model, args) as srv:
+    with serve(model, SERVER_ARGS) as srv:
         yield srv, model
 
 

@@ -16,7 +16,6 @@ Usage, after ``scripts/test.sh`` (one junit file per nox session in
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 import tomllib
@@ -100,17 +99,11 @@ def render(results: Sequence[support_matrix.Result], files: Sequence[Path]) -> s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("inputs", nargs="*", type=Path, default=[support_matrix.DEFAULT_INPUT])
-    parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT)
-    args = parser.parse_args(argv)
-    files = support_matrix.junit_files(args.inputs)
-    if not files:
-        parser.error(f"no junit XML in {', '.join(map(str, args.inputs))}: run the tests first")
-    results = [r for path in files for r in support_matrix.read_junit(path)]
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(render(results, files))
-    print(f"wrote {args.output} from {len(files)} junit file(s), {len(results)} test results")
+    description = __doc__.split("\n\n")[0]
+    output, files, results = support_matrix.parse_run(argv, description, DEFAULT_OUTPUT)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(render(results, files))
+    print(f"wrote {output} from {len(files)} junit file(s), {len(results)} test results")
     return 0
 
 

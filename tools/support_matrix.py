@@ -257,23 +257,31 @@ def render(results: Sequence[Result], files: Sequence[Path]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_run(
+    argv: Sequence[str] | None, description: str, default_output: Path
+) -> tuple[Path, list[Path], list[Result]]:
+    """The command line both generators share: ``[junit files or folders] [-o page]``;
+    returns the output page, the junit files and their results."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("inputs", nargs="*", type=Path, default=[DEFAULT_INPUT])
-    parser.add_argument("-o", "--output", type=Path, default=DEFAULT_OUTPUT)
+    parser.add_argument("-o", "--output", type=Path, default=default_output)
     args = parser.parse_args(argv)
     files = junit_files(args.inputs)
     if not files:
         parser.error(f"no junit XML in {', '.join(map(str, args.inputs))}: run the tests first")
-    results = [r for path in files for r in read_junit(path)]
+    return args.output, files, [r for path in files for r in read_junit(path)]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    output, files, results = parse_run(argv, __doc__.split("\n\n")[0], DEFAULT_OUTPUT)
     unknown = unknown_feature_ids(results)
     if unknown:
         for fid, tests in sorted(unknown.items()):
             print(f"unknown feature id {fid!r} (add it to FEATURES): {tests}", file=sys.stderr)
         return 1
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(render(results, files))
-    print(f"wrote {args.output} from {len(files)} junit file(s), {len(results)} test results")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(render(results, files))
+    print(f"wrote {output} from {len(files)} junit file(s), {len(results)} test results")
     return 0
 
 
