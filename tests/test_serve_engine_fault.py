@@ -1,13 +1,23 @@
 """A worker process killed while `vllm serve` is serving: unhealthy, then an error exit, no hang.
 
-The worker is found among the server's child processes (psutil) and killed
-with SIGKILL while streams are being generated: at ``--tensor-parallel-size 1``
-the worker runs inside vLLM's engine-core process (``VLLM::EngineCore``), at 2
-in its own processes (``VLLM::Worker_TP*``). The server must then fail the
-requests in flight instead of leaving them hanging, answer ``/health`` with
-503, and exit by itself with a non-zero status (vLLM 0.33 would exit 0; the
-plugin's ``serve_exit`` makes it 1), leaving no process behind. Every wait has
-a hard deadline, so a hang fails the test rather than stalling CI.
+The victim is found among the server's descendants (psutil) and killed with
+SIGKILL while streams are being generated:
+
+- at ``--tensor-parallel-size 1`` the worker runs inside vLLM's engine-core
+  process (``VLLM::EngineCore``), which is killed;
+- at ``--pipeline-parallel-size 2`` under the mp executor each stage is its own
+  process (``VLLM::Worker_PP*``), a child of the engine core;
+- at ``--pipeline-parallel-size 2`` under the Ray executor each stage is a Ray
+  actor (``ray::RayWorkerProc``) in the local Ray cluster the engine core
+  started (the cpu target offers one ``spyre`` unit per core; two here). Before
+  the kill this server must also answer the OpenAI client with transformers'
+  greedy tokens: serving under Ray, end to end.
+
+The server must then fail the requests in flight instead of leaving them
+hanging, answer ``/health`` with 503, and exit by itself with a non-zero status
+(vLLM 0.33 would exit 0; the plugin's ``serve_exit`` makes it 1), leaving no
+process behind (Ray's own included). Every wait has a hard deadline, so a hang
+fails the test rather than stalling CI.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import psutil
 import pytest
 import requests
 
+from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
 from tests.serving import serve
 
 MODEL = "tiny-llama"
@@ -29,6 +40,8 @@ MODEL = "tiny-llama"
 EXIT_DEADLINE = 90.0
 #: Tokens per stream (the server's max-model-len is 1024, the tiny model's limit).
 STREAM_TOKENS = 1000
+#: Greedy tokens compared with transformers before the kill (Ray case).
+GREEDY_TOKENS = 8
 
 
 def _descendants(pid: int) -> list[psutil.Process]:
@@ -47,19 +60,38 @@ def _vllm_children(proc: psutil.Process) -> list[psutil.Process]:
     return [p for p in proc.children() if "resource_tracker" not in _title(p)]
 
 
-def _victim(server_pid: int, tp: int) -> psutil.Process:
-    """A process running a worker: the engine core at TP=1, else one of the TP workers.
+def _victim(server_pid: int, executor: str, world_size: int) -> psutil.Process:
+    """A process running a worker: the engine core at world size 1, else the last stage.
 
-    Found by position in the tree rather than by title: the API server's one
-    vLLM child is the engine core (``VLLM::EngineCore``), which at TP=1 runs
-    the worker itself and at TP>1 starts one worker process per rank.
+    Found by position in the tree rather than by title under mp: the API
+    server's one vLLM child is the engine core (``VLLM::EngineCore``), which at
+    world size 1 runs the worker itself and otherwise starts one worker process
+    per rank. Ray's workers are actors in the Ray cluster's own processes, found
+    by the actor class in their title.
     """
     (engine_core,) = _vllm_children(psutil.Process(server_pid))
-    if tp == 1:
+    if world_size == 1:
         return engine_core
-    workers = _vllm_children(engine_core)
-    assert len(workers) == tp, [_title(w) for w in workers]
-    return workers[-1]
+    if executor == "ray":
+        workers = [p for p in _descendants(server_pid) if "RayWorkerProc" in _title(p)]
+    else:
+        workers = _vllm_children(engine_core)
+    assert len(workers) == world_size, [_title(w) for w in _descendants(server_pid)]
+    # mp titles name the rank (VLLM::Worker_PP1): the last sorts last.
+    return sorted(workers, key=_title)[-1]
+
+
+def _assert_serves_hf_greedy(srv, model) -> None:
+    """The OpenAI client gets transformers' float32 greedy tokens from this server."""
+    client = openai.OpenAI(base_url=srv.url("/v1"), api_key="unused", max_retries=0, timeout=120)
+    prompts = list(TEST_PROMPTS[:3])
+    want = hf_greedy(model, prompts, GREEDY_TOKENS, "float32")
+    for prompt, want_ids in zip(prompts, want, strict=True):
+        out = client.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=GREEDY_TOKENS, temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )  # fmt: skip
+        assert out.choices[0].token_ids == want_ids, prompt
 
 
 def _stream(base_url: str, i: int, started: threading.Event, outcome: list) -> None:
@@ -88,23 +120,32 @@ def _stream(base_url: str, i: int, started: threading.Event, outcome: list) -> N
 
 
 @pytest.mark.parametrize(
-    ("tp", "victim"),
-    [(1, "the engine core (its worker in-process)"), (2, "one of the two worker processes")],
-    ids=["engine-core-tp1", "worker-tp2"],
+    ("executor", "pp", "victim"),
+    [
+        ("mp", 1, "the engine core (its worker in-process)"),
+        ("mp", 2, "the second pipeline stage's process"),
+        ("ray", 2, "a pipeline stage's Ray actor"),
+    ],
+    ids=["engine-core", "stage-pp2-mp", "stage-pp2-ray"],
 )
 def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
-    tiny_llama, tp, victim
+    tiny_llama, executor, pp, victim
 ) -> None:
     args = [
         "--served-model-name", MODEL,
         "--max-model-len", "1024",
         "--max-num-seqs", "4",
         "--max-num-batched-tokens", "128",
-        "--tensor-parallel-size", str(tp),
+        "--pipeline-parallel-size", str(pp),
+        "--distributed-executor-backend", executor,
         "--enforce-eager",
     ]  # fmt: skip
+    if executor == "ray":
+        args += ["--dtype", "float32"]
     with serve(tiny_llama, args) as srv:
-        target = _victim(srv.proc.pid, tp)
+        if executor == "ray":
+            _assert_serves_hf_greedy(srv, tiny_llama)
+        target = _victim(srv.proc.pid, executor, pp)
         target_title = _title(target)
         processes = _descendants(srv.proc.pid)
 
@@ -138,7 +179,7 @@ def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
             assert not t.is_alive(), "a stream still hangs after the server exited"
 
         print(
-            f"\nkilled {victim} ({target_title.split()[0]}, tp={tp}); exit status "
+            f"\nkilled {victim} ({target_title.split()[0]}, {executor}, pp={pp}); exit status "
             f"{srv.proc.returncode} after {exit_after:.1f} s; "
             f"/health: {sorted(set(map(str, health)))}; streams: {outcomes}"
         )

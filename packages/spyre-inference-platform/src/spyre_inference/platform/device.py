@@ -62,19 +62,30 @@ class TargetChoice:
     reason: str
 
 
+def _count_cards() -> int:
+    """Spyre cards torch-spyre sees on this host; raises if its runtime is broken."""
+    importlib.import_module("torch_spyre")
+    count_fn = getattr(getattr(torch, "spyre", None), "device_count", None)
+    return int(count_fn()) if count_fn is not None else 0
+
+
+def card_count() -> int:
+    """Spyre cards on this host (0 without torch-spyre or with a broken runtime)."""
+    if importlib.util.find_spec("torch_spyre") is None:
+        return 0
+    try:
+        return max(_count_cards(), 0)
+    except Exception:
+        return 0
+
+
 def _spyre_card_present() -> tuple[bool, str]:
     if importlib.util.find_spec("torch_spyre") is None:
         return False, "torch-spyre is not installed"
     try:
-        importlib.import_module("torch_spyre")
+        count = _count_cards()
     except Exception as exc:  # a broken runtime is as good as no card
-        return False, f"torch-spyre failed to import ({exc!r})"
-    spyre_mod = getattr(torch, "spyre", None)
-    count_fn = getattr(spyre_mod, "device_count", None)
-    try:
-        count = int(count_fn()) if count_fn is not None else 0
-    except Exception as exc:
-        return False, f"torch-spyre could not count devices ({exc!r})"
+        return False, f"torch-spyre failed to import or count devices ({exc!r})"
     if count <= 0:
         return False, "torch-spyre is installed but no Spyre card is visible"
     return True, f"torch-spyre found {count} Spyre card(s)"

@@ -5,9 +5,10 @@ on, but their constructors create CUDA streams and events and their step loop
 calls ``torch.accelerator.synchronize``/``empty_cache``. Neither the host nor a
 Spyre card has those (torch-spyre does not implement the accelerator stream
 API). vLLM offers no hook to choose these objects, so this module replaces
-them with inert placeholders; it is one of the plugin's two runtime patches
-(the other: :mod:`~spyre_inference.platform.float16_models`) and is kept here,
-isolated, so it can be deleted once vLLM grows a hook.
+them with inert placeholders; it is one of the plugin's three runtime patches
+(the others: :mod:`~spyre_inference.platform.float16_models` and
+:mod:`~spyre_inference.platform.ray_resource`) and is kept here, isolated, so
+it can be deleted once vLLM grows a hook.
 """
 
 from __future__ import annotations

@@ -254,6 +254,14 @@ class TorchSpyreModelRunner(GPUModelRunner):
                 self._wrapper.guards.arm(
                     self.token_buckets.sizes, self.compile_report.total_artifacts
                 )
+        if not get_pp_group().is_first_rank and self.intermediate_tensors is None:
+            # A later pipeline stage receives into this buffer; vLLM allocates
+            # it in its dummy step, which eager mode (--enforce-eager) never runs.
+            self.intermediate_tensors = self.model.make_empty_intermediate_tensors(
+                batch_size=self.max_num_tokens,
+                dtype=self.model_config.dtype,
+                device=self.device,
+            )
         # vLLM compiles its logprobs helper whatever the compilation mode; do
         # it now rather than on the first request that asks for logprobs.
         if not self.is_pooling_model and get_pp_group().is_last_rank:

@@ -10,6 +10,7 @@ discovered through the core's own entry-point groups.
 from __future__ import annotations
 
 import os
+import sys
 from typing import TYPE_CHECKING
 
 import torch
@@ -24,6 +25,7 @@ from spyre_inference.platform import (
     startup_checks,
     stick_pad,
 )
+from spyre_inference.platform.host_env import neutralize_cuda_runtime
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.startup_checks import ConfigError
 
@@ -49,6 +51,12 @@ BASE_COMMUNICATOR = (
 )
 
 
+def _in_ray_worker() -> bool:
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+
+
 class TorchSpyrePlatform(Platform):
     _enum = PlatformEnum.OOT
     device_name: str = "spyre"  # per target, see __init__
@@ -62,6 +70,9 @@ class TorchSpyrePlatform(Platform):
     dist_backend: str = "gloo"
     simple_compile_backend: str = "inductor"
     supported_quantization: list[str] = []
+    # The Ray resource one rank reserves under --distributed-executor-backend ray
+    # (ray_executor.SpyreAcceleratorManager: a card, or a host core on the cpu target).
+    ray_device_key: str = "spyre"
 
     def __init__(self) -> None:
         # vLLM builds torch.device(f"{device_name}:{index}") for process
@@ -74,6 +85,18 @@ class TorchSpyrePlatform(Platform):
         # only be reachable through a backend fallback that hands them host
         # tensors.
         self.dispatch_key = "PrivateUse1" if dev.is_spyre() else "CPU"
+        if dev.target() is dev.DeviceTarget.CPU:
+            # The host has no torch accelerator, so vLLM's unconditional
+            # torch.accelerator.empty_cache() calls (an engine core without an
+            # in-process worker runs one at shutdown, cleanup_dist_env_and_memory)
+            # could only raise; the worker neutralizes them on every target.
+            neutralize_cuda_runtime()
+        if "ray" in sys.modules and _in_ray_worker():
+            # A worker of vLLM's Ray executor resolves the platform just before
+            # asking Ray for its share of the "spyre" resource (ray_resource).
+            from spyre_inference.platform.ray_resource import register_with_ray
+
+            register_with_ray()
 
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
@@ -255,6 +278,8 @@ class TorchSpyrePlatform(Platform):
         startup_checks.check_host_memory(vllm_config)
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_QUALNAME
+        if parallel.distributed_executor_backend == "ray":
+            cls._use_spyre_ray_executor(vllm_config)
         # The engine's mp executor must spawn, not fork: the parent may hold
         # an initialised OpenMP pool / Inductor worker threads.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
@@ -298,6 +323,17 @@ class TorchSpyrePlatform(Platform):
         # graph (two eager norms per layer; on the card, eager launches).
         # vLLM resolves the default before this hook changes the mode.
         compilation.ir_enable_torch_wrap = False
+
+    @classmethod
+    def _use_spyre_ray_executor(cls, vllm_config: VllmConfig) -> None:
+        """Swap in vLLM's Ray executor subclass that makes Ray know the ``spyre``
+        resource (``ray_executor``); vLLM has already checked that ray imports."""
+        from spyre_inference.platform.ray_executor import SpyreRayExecutor, check_cluster_fits
+
+        parallel = vllm_config.parallel_config
+        if parallel.placement_group is None:
+            check_cluster_fits(parallel.world_size)
+        parallel.distributed_executor_backend = SpyreRayExecutor
 
     @classmethod
     def _check_dtype(cls, dtype: torch.dtype, target: dev.DeviceTarget) -> None:
