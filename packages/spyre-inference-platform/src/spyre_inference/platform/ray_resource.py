@@ -9,8 +9,8 @@ its own in ``ray._private.accelerators.get_all_accelerator_managers``. Without a
 manager every Ray worker dies in that lookup with ``KeyError: 'spyre'``.
 
 :class:`SpyreAcceleratorManager` is Ray's view of the resource: one unit per
-card on the spyre target; on the cpu target one unit per logical CPU (a rank per
-core is the sensible host deployment; a node started with
+card on the spyre target; on the cpu target (and the emulated card) one unit per
+logical CPU (a rank per core is the sensible host deployment; a node started with
 ``ray start --resources '{"spyre": N}'`` may declare any number).
 :func:`register_with_ray` adds it to Ray's list: the one runtime patch of the
 Ray path, unavoidable while Ray has no public way to add a manager. It runs in
@@ -51,9 +51,9 @@ class SpyreAcceleratorManager(AcceleratorManager):
 
     @staticmethod
     def get_current_node_num_accelerators() -> int:
-        if dev.is_spyre():
+        if dev.has_card():
             return dev.card_count()
-        return os.cpu_count() or 1
+        return os.cpu_count() or 1  # the cpu target and the emulated card
 
     @staticmethod
     def get_current_node_accelerator_type() -> str | None:
