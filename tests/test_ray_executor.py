@@ -6,8 +6,9 @@ operator declares a node's units. ``LLM(distributed_executor_backend="ray")``
 reaches it through ``RAY_ADDRESS``. Under it:
 
 - TP=2: two Ray actors (the engine's process holds none), each a
-  ``TorchSpyreWorker`` compiling its own blocks; greedy tokens equal
-  transformers' in float32 on every test prompt;
+  ``TorchSpyreWorker`` compiling its own blocks with the engine's ``SPYRE_*``
+  settings (set after the cluster started); greedy tokens equal transformers'
+  in float32 on every test prompt;
 - a world size larger than the cluster's units is refused in the user's
   process, before an engine starts, with both numbers (vLLM alone would wait
   30 minutes for the placement group).
@@ -19,18 +20,14 @@ PP=2 under Ray, and `vllm serve` under Ray answering the OpenAI client, are in
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from vllm import SamplingParams
 
 from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
-from tests.serving import free_port
+from tests.ray_cluster import client_env, ray_cluster
 
 ray = pytest.importorskip("ray")
 
@@ -38,44 +35,26 @@ MAX_TOKENS = 12
 #: Units the test cluster declares: more than the host's 2 cores, so that the
 #: refusal below is about the declared units, not about the CPU count.
 UNITS = 4
+#: A bucket set the workers know only from the engine's environment.
+BUCKETS = "16,128"
 
 
 @pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    ray_cli = str(Path(sys.executable).parent / "ray")
-    port = free_port()
-    # Ray's socket paths must stay short: a temp dir under /tmp, not pytest's.
-    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
-    cmd = [
-        ray_cli, "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(port),
-        "--num-cpus", "2",
-        "--resources", f'{{"spyre": {UNITS}}}', "--include-dashboard", "false",
-        "--disable-usage-stats", "--temp-dir", temp_dir,
-    ]  # fmt: skip
-    subprocess.run(cmd, check=True, capture_output=True, timeout=120, env=_ray_env())
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        subprocess.run(
-            [ray_cli, "stop", "--force"], capture_output=True, timeout=120, env=_ray_env()
-        )
-
-
-def _ray_env() -> dict[str, str]:
-    # A loopback-only test cluster: no token to hand to the engine's processes.
-    return {**os.environ, "RAY_AUTH_MODE": "disabled"}
+    with ray_cluster(UNITS) as address:
+        yield address
 
 
 @pytest.fixture
 def on_test_cluster(ray_address: str, monkeypatch: pytest.MonkeyPatch) -> str:
-    monkeypatch.setenv("RAY_ADDRESS", ray_address)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    for name, value in client_env(ray_address).items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     return ray_address
 
 
 def _where(worker: Any) -> dict[str, Any]:
-    """Where a worker runs: its process, its Ray actor and the cluster's GCS."""
+    """Where a worker runs (process, Ray actor, the cluster's GCS) and its buckets."""
     import ray as worker_ray
 
     ctx = worker_ray.get_runtime_context()
@@ -84,10 +63,15 @@ def _where(worker: Any) -> dict[str, Any]:
         "actor": ctx.get_actor_id(),
         "gcs": ctx.gcs_address,
         "runner": type(worker.model_runner).__name__,
+        "buckets": list(worker.model_runner.token_buckets.sizes),
     }
 
 
-def test_tp2_under_ray_greedy_equals_hf(tiny_model_factory, make_llm, on_test_cluster) -> None:
+def test_tp2_under_ray_greedy_equals_hf(
+    tiny_model_factory, make_llm, on_test_cluster, monkeypatch
+) -> None:
+    # Set after the cluster started: the workers have it from the engine's process.
+    monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", BUCKETS)
     model = tiny_model_factory("llama", num_hidden_layers=3)
     want = hf_greedy(model, TEST_PROMPTS, MAX_TOKENS, "float32")
     llm = make_llm(
@@ -100,6 +84,7 @@ def test_tp2_under_ray_greedy_equals_hf(tiny_model_factory, make_llm, on_test_cl
     port = on_test_cluster.rsplit(":", 1)[1]
     assert {w["gcs"].rsplit(":", 1)[1] for w in workers} == {port}, workers
     assert {w["runner"] for w in workers} == {"TorchSpyreModelRunner"}, workers
+    assert all(w["buckets"] == [int(b) for b in BUCKETS.split(",")] for w in workers), workers
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     got = [list(o.outputs[0].token_ids) for o in llm.generate(list(TEST_PROMPTS), params)]
     mismatches = {i: (w, g) for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w}

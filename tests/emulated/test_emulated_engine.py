@@ -143,3 +143,39 @@ def test_tp2_greedy_close_to_transformers_float16(tiny_llama, monkeypatch) -> No
     reference = hf_greedy_with_logprobs(tiny_llama, prompts, MAX_TOKENS, torch.float16)
     exact = assert_greedy_close(reference, got)
     print(f"\nTP=2 emulated float16: {exact}/{len(prompts)} prompts identical to HF float16")
+
+
+def _worker_target(worker) -> str:
+    from spyre_inference.platform import device as worker_dev
+
+    return worker_dev.target().value
+
+
+def test_tp2_under_ray_runs_the_card_path_in_every_worker(tiny_llama, monkeypatch) -> None:
+    """TP=2 under vLLM's Ray executor, on a cluster started without any ``SPYRE_*``
+    variable (as an operator starts a node): each worker decides its device target
+    when it first resolves the platform, before vLLM hands it the engine's
+    environment, so the executor passes ``SPYRE_*`` in Ray's runtime env. Without
+    that the workers would run the cpu target under an emulated-card engine."""
+    pytest.importorskip("ray")
+    from tests.ray_cluster import client_env, ray_cluster
+
+    monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", "32,128")
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    prompts = list(TEST_PROMPTS[:4])
+    with ray_cluster(units=2) as address:
+        for name, value in client_env(address).items():
+            monkeypatch.setenv(name, value)
+        llm = LLM(
+            str(tiny_llama), tensor_parallel_size=2, distributed_executor_backend="ray", **ENGINE
+        )
+        try:
+            targets = llm.collective_rpc(_worker_target)
+            params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+            got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        finally:
+            _shutdown(llm)
+    assert targets == ["emulated", "emulated"], targets
+    reference = hf_greedy_with_logprobs(tiny_llama, prompts, MAX_TOKENS, torch.float16)
+    exact = assert_greedy_close(reference, got)
+    print(f"\nTP=2 under Ray, emulated float16: {exact}/{len(prompts)} prompts identical to HF")

@@ -11,9 +11,13 @@ platform makes the same check in the user's process before the engine starts.
 
 from __future__ import annotations
 
+import os
+from typing import Any
+
 import ray
 from vllm.v1.executor.ray_executor_v2 import RayExecutorV2
 
+from spyre_inference.platform import settings
 from spyre_inference.platform.ray_resource import (
     RESOURCE,
     SpyreAcceleratorManager,
@@ -80,3 +84,21 @@ class SpyreRayExecutor(RayExecutorV2):
             if ray.util.get_current_placement_group() is None:
                 check_cluster_fits(parallel.world_size)
         super()._init_executor()
+
+    def _build_runtime_env(self) -> dict[str, Any]:
+        """Ray's runtime env for the workers, with this process's ``SPYRE_*`` variables.
+
+        vLLM hands a worker the driver's environment only in
+        ``initialize_worker``, after the worker has already resolved the
+        platform (its first call asks for ``ray_device_key``), and the device
+        target and settings are decided on that first resolution. Passed in
+        the runtime env they are set when the worker process starts, over a
+        node's own values: every rank must run with the same settings (the
+        token buckets, for one, must match across tensor-parallel ranks).
+        """
+        runtime_env = super()._build_runtime_env()
+        env_vars = runtime_env.setdefault("env_vars", {})
+        for name, value in os.environ.items():
+            if name.startswith(settings.PREFIX):
+                env_vars.setdefault(name, value)
+        return runtime_env

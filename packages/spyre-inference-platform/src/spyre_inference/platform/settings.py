@@ -57,6 +57,9 @@ def _bool(raw: str) -> bool:
 
 _BOOL_CHOICES = ("0", "1", "false", "true", "no", "yes", "off", "on")
 
+#: Every setting's name starts with it (torch-spyre's own variables do too).
+PREFIX = "SPYRE_"
+
 
 def _positive_int(raw: str) -> int:
     value = int(raw)
@@ -276,7 +279,7 @@ def misspelled(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     environ = os.environ if environ is None else environ
     found = {}
     for name in environ:
-        if name.startswith("SPYRE_") and name not in _BY_NAME:
+        if name.startswith(PREFIX) and name not in _BY_NAME:
             close = difflib.get_close_matches(name, _BY_NAME, n=1, cutoff=0.85)
             if close:
                 found[name] = close[0]
