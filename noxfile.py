@@ -53,6 +53,7 @@ PACKAGES = {
     "attention": "spyre-inference-attention",
     "models": "spyre-inference-models",
     "comms": "spyre-inference-comms",
+    "testing": "spyre-inference-testing",
 }
 ROOT_DIST = "spyre-inference"
 #: One junit XML per test session, left for tools/support_matrix.py.

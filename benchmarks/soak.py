@@ -276,7 +276,7 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def tiny_llama(base: Path) -> Path:
-    from spyre_inference.platform.testing.models import build_tiny_model
+    from spyre_inference.testing.models import build_tiny_model
 
     return build_tiny_model("llama", base / "llama")
 

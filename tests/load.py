@@ -19,7 +19,7 @@ import httpx
 import openai
 from prometheus_client.parser import text_string_to_metric_families
 
-from spyre_inference.platform.testing.prompts import TEST_PROMPTS
+from spyre_inference.testing.prompts import TEST_PROMPTS
 
 T = TypeVar("T")
 

@@ -29,7 +29,7 @@ from torch._dynamo.utils import counters
 from vllm import LLM, SamplingParams
 
 from spyre_inference.platform import settings
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 
 MAX_TOKENS = 16
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from spyre_inference.platform.testing import hf_cross_encoder_scores
+from spyre_inference.testing import hf_cross_encoder_scores
 from tests.serving import serve
 
 MODEL_NAME = "tiny-cross-encoder"

@@ -96,7 +96,7 @@ def test_vllm_reads_rope_theta_and_tied_embeddings(default_model: Path) -> None:
 def test_hf_greedy_chat_answers_paris(default_model: Path) -> None:
     from transformers import AutoTokenizer
 
-    from spyre_inference.platform.testing import hf_greedy
+    from spyre_inference.testing import hf_greedy
 
     tokenizer = AutoTokenizer.from_pretrained(default_model)
     messages = [{"role": "user", "content": dm.DEMO_QUESTION}]

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch
 
-from spyre_inference.platform.testing import hf_greedy
+from spyre_inference.testing import hf_greedy
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MAX_TOKENS = 8

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from vllm import SamplingParams
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 
 MAX_TOKENS = 24
 

@@ -20,7 +20,7 @@ import torch
 from vllm import SamplingParams
 from vllm.lora.request import LoRARequest
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 from tests.serving import serve
 
 RANK = 8

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from vllm import SamplingParams
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 
 MAX_TOKENS = 16
 PROMPTS = TEST_PROMPTS[:6]

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from vllm import SamplingParams
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 from tests.ray_cluster import client_env, ray_cluster
 
 ray = pytest.importorskip("ray")

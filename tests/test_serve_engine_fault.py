@@ -32,7 +32,7 @@ import psutil
 import pytest
 import requests
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 from tests.serving import serve
 
 MODEL = "tiny-llama"

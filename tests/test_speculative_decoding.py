@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from spyre_inference.platform.testing import hf_greedy
+from spyre_inference.testing import hf_greedy
 
 pytestmark = pytest.mark.feature("speculative_decoding")
 

@@ -14,7 +14,7 @@ from vllm.engine.arg_utils import EngineArgs
 
 from spyre_inference.platform import device, settings
 from spyre_inference.platform.platform import TorchSpyrePlatform
-from spyre_inference.platform.testing.models import save_config_only, tiny_config
+from spyre_inference.testing.models import save_config_only, tiny_config
 
 
 @pytest.fixture(autouse=True)
@@ -142,7 +142,7 @@ def test_quantization_the_kernels_do_not_serve_is_refused_by_name(tmp_path, name
 
 
 def test_quantized_moe_is_refused(tmp_path) -> None:
-    from spyre_inference.platform.testing.quantize import quantization_config
+    from spyre_inference.testing.quantize import quantization_config
 
     model = _quantized(tmp_path, "moe-fp8", "mixtral", **quantization_config("fp8_w8a8"))
     expected = r"mixture-of-experts model: .*expert kernels are unquantized"
@@ -151,7 +151,7 @@ def test_quantized_moe_is_refused(tmp_path) -> None:
 
 
 def test_served_quantization_passes_the_start_up_checks(tmp_path, tiny_llama) -> None:
-    from spyre_inference.platform.testing.quantize import SCHEMES, quantization_config
+    from spyre_inference.testing.quantize import SCHEMES, quantization_config
 
     for scheme in SCHEMES:
         config = _config(_quantized(tmp_path, scheme, **quantization_config(scheme)))
@@ -386,7 +386,7 @@ def test_a_batch_whose_logits_cannot_fit_the_host_is_refused_at_start_up(tmp_pat
     configuration was OOM-killed in warm-up)."""
     import psutil
 
-    from spyre_inference.platform.testing.models import save_config_only
+    from spyre_inference.testing.models import save_config_only
 
     vocab = 262_144
     model = save_config_only(

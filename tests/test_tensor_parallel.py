@@ -28,7 +28,7 @@ import openai
 import pytest
 from vllm import SamplingParams
 
-from spyre_inference.platform.testing import (
+from spyre_inference.testing import (
     TEST_PROMPTS,
     assert_greedy_close,
     hf_greedy,

@@ -1,7 +1,7 @@
 """vLLM's own test files against the plugin (cpu target): the list in ``vllm_suite/suite.toml``.
 
 Each ``pass`` file runs in its own pytest process from the cached vLLM sdist
-(:mod:`spyre_inference.platform.testing.vllm_tests`), with the hub models the
+(:mod:`spyre_inference.testing.vllm_tests`), with the hub models the
 list names served from local tiny models. ``cannot-run`` files are listed with
 their reason in ``docs/vllm-tests.md``; the test below keeps that page and the
 list in step.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spyre_inference.platform.testing.vllm_tests import run_test_file
+from spyre_inference.testing.vllm_tests import run_test_file
 
 SUITE = tomllib.loads((Path(__file__).parent / "vllm_suite" / "suite.toml").read_text())
 DOC = Path(__file__).parents[1] / "docs" / "vllm-tests.md"

@@ -101,7 +101,7 @@ def main() -> int:
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    from spyre_inference.platform.testing import TEST_PROMPTS, build_tiny_model
+    from spyre_inference.testing import TEST_PROMPTS, build_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="spyre-fuzz-") as tmp:
         model = args.model or str(

@@ -23,8 +23,8 @@ from vllm import LLM, SamplingParams
 
 from spyre_inference.platform import device as dev
 from spyre_inference.platform import emulated_card
-from spyre_inference.platform.testing import TEST_PROMPTS, assert_greedy_close
-from spyre_inference.platform.testing.hf import hf_greedy_with_logprobs
+from spyre_inference.testing import TEST_PROMPTS, assert_greedy_close
+from spyre_inference.testing.hf import hf_greedy_with_logprobs
 
 MAX_TOKENS = 12
 ENGINE = {

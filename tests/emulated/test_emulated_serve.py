@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import openai
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 from tests.serving import serve
 
 

@@ -1,7 +1,7 @@
 """Hugging Face transformers references beyond plain greedy decoding.
 
 All run the float32 model one prompt at a time (see
-``spyre_inference.platform.testing.hf``: no padding, so a prompt's reference
+``spyre_inference.testing.hf``: no padding, so a prompt's reference
 does not depend on the other prompts). ``generate`` is transformers' own
 ``model.generate`` with its logits processors (repetition penalty, sequence
 bias, minimum length, beam search); what transformers has no processor for
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from spyre_inference.platform.testing import PAD_TOKEN_ID
+from spyre_inference.testing import PAD_TOKEN_ID
 
 
 @dataclasses.dataclass

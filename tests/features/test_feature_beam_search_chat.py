@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 from tests.features.hf_ref import HFModel
 from tests.features.util import greedy_params, token_ids
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 from tests.features.util import STEP_BUDGET, greedy_params, preemptions, token_ids
 
 pytestmark = pytest.mark.feature("chunked_prefill")

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from vllm.exceptions import VLLMValidationError
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 from tests.features.util import MAX_MODEL_LEN, greedy_params, token_ids
 
 MAX_TOKENS = 8

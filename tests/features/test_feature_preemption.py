@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 from tests.features.util import MAIN_KV_BLOCKS, greedy_params, preemptions, token_ids
 
 pytestmark = pytest.mark.feature("preemption")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 from tests.features.util import (
     MAIN_NAME,
     MAX_MODEL_LEN,

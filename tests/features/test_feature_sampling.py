@@ -26,7 +26,7 @@ import pytest
 from vllm import SamplingParams
 from vllm.exceptions import VLLMValidationError
 
-from spyre_inference.platform.testing import EOS_TOKEN_ID, TEST_PROMPTS, hf_greedy_with_logprobs
+from spyre_inference.testing import EOS_TOKEN_ID, TEST_PROMPTS, hf_greedy_with_logprobs
 from tests.features.hf_ref import HFModel
 from tests.features.util import STEP_BUDGET, greedy_params, token_ids
 

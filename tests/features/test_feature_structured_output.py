@@ -23,7 +23,7 @@ import pytest
 from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 
-from spyre_inference.platform.testing import TEST_PROMPTS
+from spyre_inference.testing import TEST_PROMPTS
 from tests.features.util import SERVED_NAME
 
 SCHEMA = {

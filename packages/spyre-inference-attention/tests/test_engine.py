@@ -1,7 +1,7 @@
 """The attention backends inside a real vLLM engine (in-process), against Hugging Face.
 
 * Greedy decoding of tiny random models (built offline by
-  ``spyre_inference.platform.testing``) equals transformers' greedy decoding,
+  ``spyre_inference.testing``) equals transformers' greedy decoding,
   for a Llama with each decoder backend, a Gemma 3 (sliding window on every
   other layer, final logit soft-cap) and a Gemma 2 (sliding window and
   *attention* logit soft-cap, which vLLM's Gemma 3 ignores).
@@ -27,19 +27,18 @@ from typing import Any
 import pytest
 import torch
 
-pytest.importorskip("spyre_inference.platform.testing")
+pytest.importorskip("spyre_inference.testing")
 
 from attn_testutil import reset_settings
 from torch._dynamo.utils import counters
 
 from spyre_inference.attention.ops import compiled
-from spyre_inference.platform.testing import (
+from spyre_inference.testing import (
     TEST_PROMPTS,
     VOCAB_SIZE,
     assert_greedy_close,
     hf_greedy_with_logprobs,
 )
-from spyre_inference.platform.testing.fixtures import *  # noqa: F403
 
 #: kv-layout setting -> (SPYRE_ATTN_KV_LAYOUT, SPYRE_BATCHED_DECODE)
 DECODER_BACKENDS = {
@@ -114,11 +113,11 @@ def hf_greedy_eager(model_dir: Path, prompts, max_new_tokens: int):
     Gemma 2's attention logit soft-cap is applied by transformers' eager
     attention only (its SDPA path has no soft-cap argument), so the reference
     for a soft-capped model must run eagerly. Same loop as
-    ``spyre_inference.platform.testing.hf_greedy_with_logprobs``.
+    ``spyre_inference.testing.hf_greedy_with_logprobs``.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from spyre_inference.platform.testing import GreedyResult
+    from spyre_inference.testing import GreedyResult
 
     model = AutoModelForCausalLM.from_pretrained(
         model_dir, dtype=torch.float32, attn_implementation="eager"
@@ -196,9 +195,9 @@ def tiny_gemma2_softcap(tmp_path_factory) -> Path:
     initialisation and tokenizer."""
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
-    from spyre_inference.platform.testing import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID
-    from spyre_inference.platform.testing.models import TinyModelKind, init_weights_
-    from spyre_inference.platform.testing.tokenizer import save_tokenizer
+    from spyre_inference.testing import BOS_TOKEN_ID, EOS_TOKEN_ID, PAD_TOKEN_ID
+    from spyre_inference.testing.models import TinyModelKind, init_weights_
+    from spyre_inference.testing.tokenizer import save_tokenizer
 
     out = tmp_path_factory.mktemp("tiny-gemma2-softcap")
     config = Gemma2Config(

@@ -18,8 +18,6 @@ from typing import Any
 
 import pytest
 
-from spyre_inference.platform.testing.fixtures import *  # noqa: F403
-
 
 @pytest.fixture
 def make_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:

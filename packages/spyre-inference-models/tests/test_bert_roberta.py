@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_cross_encoder_scores
+from spyre_inference.testing import TEST_PROMPTS, hf_cross_encoder_scores
 
 PROMPTS = list(TEST_PROMPTS[:4])
 #: Per prompt, the half-open token range of type 1.
@@ -49,7 +49,7 @@ def test_embedding_side_buffer_equals_upstream_bit_pack(kind, vllm_env) -> None:
 
     from spyre_inference.models.bert import SpyreBertEmbedding
     from spyre_inference.models.roberta import SpyreRobertaEmbedding
-    from spyre_inference.platform.testing import tiny_config
+    from spyre_inference.testing import tiny_config
 
     config = tiny_config(kind)
     upstream_cls = vbert.BertEmbedding if kind == "bert" else vroberta.RobertaEmbedding

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 
 MAX_TOKENS = 16
 PROMPTS = TEST_PROMPTS[:6]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 
 MAX_TOKENS = 12
 PROMPTS = (*TEST_PROMPTS[:4], TEST_PROMPTS[7], TEST_PROMPTS[9])

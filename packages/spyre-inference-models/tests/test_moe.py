@@ -29,7 +29,7 @@ from spyre_inference.models.moe import (
     route,
     swiglu_oai,
 )
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy, tiny_config
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy, tiny_config
 
 E, K, H = 4, 2, 128
 
@@ -280,8 +280,8 @@ def _build_tiny_gemma4_moe(out_dir):
     import transformers
     from transformers import AutoConfig
 
-    from spyre_inference.platform.testing.models import TinyModelKind, init_weights_
-    from spyre_inference.platform.testing.tokenizer import (
+    from spyre_inference.testing.models import TinyModelKind, init_weights_
+    from spyre_inference.testing.tokenizer import (
         BOS_TOKEN_ID,
         EOS_TOKEN_ID,
         PAD_TOKEN_ID,

@@ -20,7 +20,7 @@ from spyre_inference.models.transformers_backend import (
     spyre_apply_rotary_pos_emb,
 )
 from spyre_inference.platform.stick_pad import DimPad
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy, tiny_config
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy, tiny_config
 
 MAX_POS = 256
 

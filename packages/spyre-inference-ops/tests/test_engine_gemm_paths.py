@@ -16,17 +16,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("spyre_inference.platform.testing")
+pytest.importorskip("spyre_inference.testing")
 
 from ops_engine_util import greedy
 
 from spyre_inference.platform.native_build import AVX512_CPU_FLAGS, cpu_flags
-from spyre_inference.platform.testing import (
+from spyre_inference.testing import (
     TEST_PROMPTS,
     assert_greedy_close,
     hf_greedy_with_logprobs,
 )
-from spyre_inference.platform.testing.fixtures import tiny_model_factory  # noqa: F401
+from spyre_inference.testing.fixtures import tiny_model_factory  # noqa: F401
 
 MAX_TOKENS = 12
 PROMPTS = TEST_PROMPTS[:4]

@@ -1,7 +1,7 @@
 """End to end: 8-bit checkpoints through vLLM's own quantized methods and the plugin's kernels.
 
 Checkpoints are made here from the tiny Llama in the compressed-tensors layout
-(``platform.testing.quantize``: per-channel symmetric weights, LM head kept
+(``spyre_inference.testing.quantize``: per-channel symmetric weights, LM head kept
 16-bit) for FP8 W8A8, FP8 W8A16 and INT8 W8A8, plus vLLM's online
 ``quantization="fp8"`` of the 16-bit checkpoint. For each:
 
@@ -26,15 +26,15 @@ from pathlib import Path
 import pytest
 import torch
 
-pytest.importorskip("spyre_inference.platform.testing")
+pytest.importorskip("spyre_inference.testing")
 
-from spyre_inference.platform.testing import (
+from spyre_inference.testing import (
     TEST_PROMPTS,
     assert_greedy_top_k_close,
     hf_greedy_with_logprobs,
 )
-from spyre_inference.platform.testing.fixtures import tiny_model_factory  # noqa: F401
-from spyre_inference.platform.testing.quantize import dequantized_checkpoint, quantize_checkpoint
+from spyre_inference.testing.fixtures import tiny_model_factory  # noqa: F401
+from spyre_inference.testing.quantize import dequantized_checkpoint, quantize_checkpoint
 
 MAX_TOKENS = 12
 PROMPTS = TEST_PROMPTS[:6]
@@ -45,7 +45,7 @@ PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 @pytest.fixture(scope="module")
 def vllm_quant_utils(tmp_path_factory) -> Path:
     """vLLM's ``tests/kernels/quant_utils.py`` (its reference quantizers), from the sdist."""
-    from spyre_inference.platform.testing.vllm_tests import extract_tests
+    from spyre_inference.testing.vllm_tests import extract_tests
 
     root = extract_tests("tests/kernels/quant_utils.py", tmp_path_factory.mktemp("vllm-tests"))
     return root / "tests" / "kernels" / "quant_utils.py"

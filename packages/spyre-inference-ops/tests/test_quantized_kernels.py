@@ -33,7 +33,7 @@ def test_kernels_are_in_vllms_tables_once(vllm_env) -> None:
 
 @pytest.fixture(scope="module")
 def ref_utils(tmp_path_factory):
-    from spyre_inference.platform.testing.vllm_tests import extract_tests
+    from spyre_inference.testing.vllm_tests import extract_tests
 
     root = extract_tests("tests/kernels/quant_utils.py", tmp_path_factory.mktemp("vllm-tests"))
     spec = importlib.util.spec_from_file_location(

@@ -14,7 +14,7 @@ import re
 import pytest
 
 from spyre_inference.platform import discovery
-from spyre_inference.platform.testing.models import save_config_only, tiny_config
+from spyre_inference.testing.models import save_config_only, tiny_config
 
 
 def _installed(dist: str) -> bool:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from spyre_inference.platform.testing.vllm_tests import run_test_file
+from spyre_inference.testing.vllm_tests import run_test_file
 
 HERE = Path(__file__).resolve().parent / "vllm_suite"
 TEST_FILE = "tests/v1/sample/test_rejection_sampler.py"

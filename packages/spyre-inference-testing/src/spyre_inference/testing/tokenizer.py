@@ -61,7 +61,7 @@ TokenizerStyle = Literal["decoder", "encoder"]
 def _train_backend():  # -> tokenizers.Tokenizer (import kept lazy)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from spyre_inference.platform.testing._corpus import CORPUS
+    from spyre_inference.testing._corpus import CORPUS
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

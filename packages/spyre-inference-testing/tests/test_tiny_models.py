@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spyre_inference.platform.testing import (
+from spyre_inference.testing import (
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
     KINDS,

@@ -1,16 +1,14 @@
-"""Pytest fixtures: tiny random models built once per test session.
+"""The pytest plugin (entry point ``pytest11: spyre_inference``): tiny random models.
 
-Load from a package's ``tests/conftest.py`` with::
-
-    from spyre_inference.platform.testing.fixtures import *  # noqa: F403
+pytest loads this module in every session of an environment where
+``spyre-inference-testing`` is installed; no conftest imports it.
 
 Every fixture returns the :class:`~pathlib.Path` of a model folder that vLLM
 (``LLM(model=str(path))``) and transformers both load. Models live under the
 session's pytest base temp dir (``<basetemp>/tiny-models/``) and are built the
 first time a test asks for them, in about a second each after the first
 (transformers' import dominates). The cache is per process, not per fixture
-definition, so importing these fixtures into several conftests never builds a
-model twice.
+definition, so a model is never built twice in one process.
 """
 
 from __future__ import annotations
@@ -24,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from spyre_inference.platform.testing.hf import (
+from spyre_inference.testing.hf import (
     GreedyResult,
     assert_greedy_close,
     hf_greedy,
     hf_greedy_with_logprobs,
 )
-from spyre_inference.platform.testing.models import build_tiny_model
-from spyre_inference.platform.testing.prompts import TEST_PROMPTS
+from spyre_inference.testing.models import build_tiny_model
+from spyre_inference.testing.prompts import TEST_PROMPTS
 
 _built: dict[str, Path] = {}
 _lock = threading.Lock()
@@ -123,7 +121,7 @@ def tiny_roberta(tiny_model_factory: TinyModelFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_prompts() -> tuple[str, ...]:
-    """The fixed prompts of :mod:`spyre_inference.platform.testing.prompts`."""
+    """The fixed prompts of :mod:`spyre_inference.testing.prompts`."""
     return TEST_PROMPTS
 
 
@@ -134,6 +132,7 @@ __all__ = [
     "hf_greedy",
     "hf_greedy_with_logprobs",
     "pytest_collection_modifyitems",
+    "pytest_configure",
     "tiny_bert",
     "tiny_gemma3",
     "tiny_granite",
@@ -147,11 +146,16 @@ __all__ = [
 ]
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``spyre`` need a card: skip them on the cpu target.
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "spyre: needs a Spyre card (torch-spyre and a visible card); skipped without"
+    )
 
-    Lives here so every package's conftest (which star-imports this module)
-    gets the same rule.
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``spyre`` need a card: skip them on the cpu and emulated targets.
+
+    Lives in the plugin so every package's tests get the same rule.
     """
     from spyre_inference.platform import device
 

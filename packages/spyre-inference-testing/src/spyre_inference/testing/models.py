@@ -57,7 +57,7 @@ from typing import Any
 
 import torch
 
-from spyre_inference.platform.testing.tokenizer import (
+from spyre_inference.testing.tokenizer import (
     BOS_TOKEN_ID,
     EOS_TOKEN_ID,
     PAD_TOKEN_ID,

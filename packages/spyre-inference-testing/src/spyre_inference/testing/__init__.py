@@ -1,19 +1,15 @@
 """Test helpers shared by every spyre-inference package: tiny models, prompts, references.
 
-Depends only on what the core itself depends on (vLLM, torch, and the
-transformers/tokenizers that vLLM installs), so any package's tests can use it.
+A distribution of its own (``spyre-inference-testing``), installed by each
+package's ``test`` extra, so that no serving wheel carries test code. Its pytest
+fixtures (:mod:`spyre_inference.testing.fixtures`) are a ``pytest11`` plugin:
+pytest loads them in every session of an environment that has this installed.
+
 Heavy imports (transformers, tokenizers) happen inside the functions, so
 importing this package is cheap.
-
-Use the pytest fixtures from a package's ``tests/conftest.py``::
-
-    from spyre_inference.platform.testing.fixtures import *  # noqa: F403
-
-(``pytest_plugins`` is only honoured in the rootdir's conftest, so a star
-import is what works for per-package test folders.)
 """
 
-from spyre_inference.platform.testing.hf import (
+from spyre_inference.testing.hf import (
     GreedyResult,
     assert_greedy_close,
     assert_greedy_top_k_close,
@@ -21,14 +17,14 @@ from spyre_inference.platform.testing.hf import (
     hf_greedy,
     hf_greedy_with_logprobs,
 )
-from spyre_inference.platform.testing.models import (
+from spyre_inference.testing.models import (
     DEFAULT_DTYPE,
     KINDS,
     build_tiny_model,
     tiny_config,
 )
-from spyre_inference.platform.testing.prompts import TEST_PROMPTS
-from spyre_inference.platform.testing.tokenizer import (
+from spyre_inference.testing.prompts import TEST_PROMPTS
+from spyre_inference.testing.tokenizer import (
     BOS_TOKEN_ID,
     CHAT_TEMPLATE,
     EOS_TOKEN_ID,
