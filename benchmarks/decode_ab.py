@@ -15,7 +15,9 @@ side-by-side benchmark's W1 workload and engine settings, the default model):
 * with ``--proxies``: the Spyre cost proxies per decode step at batch 1
   (``sxs/proxies.py``), which do not depend on timing;
 * zero compiles after warm-up is checked (a variant that compiles mid-run is
-  reported, since its timings would include Inductor).
+  reported, since its timings would include Inductor);
+* ``weights MiB``: the model's parameters as loaded, plus the copies the cpu
+  target keeps outside them (oneDNN-packed GEMM weights).
 
 Run (dev venv, or through nox: ``scripts/test.sh -s bench_ab -- ...``)::
 
@@ -23,7 +25,8 @@ Run (dev venv, or through nox: ``scripts/test.sh -s bench_ab -- ...``)::
         --variant new-graph:SPYRE_CPU_ATTN_KERNEL=graph --rounds 3
 
 A variant is ``NAME[@TREE][:VAR=VALUE,...]``; without ``@TREE`` it runs this
-checkout's code as installed.
+checkout's code as installed. ``model=PATH`` among the settings gives the
+variant its own checkpoint (a quantized one against the 16-bit model, say).
 """
 
 from __future__ import annotations
@@ -51,18 +54,24 @@ class Variant:
     name: str
     tree: Path | None
     env: dict[str, str]
+    #: This variant's checkpoint (``model=PATH`` in its settings), else ``--model``.
+    model: str | None = None
 
     @classmethod
     def parse(cls, spec: str) -> Variant:
         head, _, settings = spec.partition(":")
         name, _, tree = head.partition("@")
         env = {}
+        model = None
         for item in filter(None, settings.split(",")):
             key, sep, value = item.partition("=")
             if not sep:
                 raise argparse.ArgumentTypeError(f"{spec!r}: {item!r} is not VAR=VALUE")
-            env[key] = value
-        return cls(name, Path(tree).resolve() if tree else None, env)
+            if key == "model":
+                model = value
+            else:
+                env[key] = value
+        return cls(name, Path(tree).resolve() if tree else None, env, model)
 
     def environ(self) -> dict[str, str]:
         import workloads as wl
@@ -113,8 +122,12 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         w1_ms.append((timed(w1, wl.W1.output_len) - first) / (wl.W1.output_len - 1) * 1e3)
         first = timed(batch, 1)
         b32_ms.append((timed(batch, 1 + decode_b32) - first) / decode_b32 * 1e3)
+    from spyre_inference.ops import onednn_linear
+
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     out: dict[str, Any] = {
         "tree": str(Path(spyre_inference.__path__[0]).parent),
+        "weight_bytes": runner.model_memory_usage + onednn_linear.packed_bytes(),
         "w1_ms_per_token": w1_ms,
         "b32_ms_per_step": b32_ms,
         "compiles_after_warm_up": compiles["n"],
@@ -149,9 +162,9 @@ def _report(variants: list[Variant], results: dict[str, list[dict[str, Any]]]) -
     lines = [
         f"CPU class `{cpu_class.classify(cpu, flags)['slug']}` ({cpu}), {os.cpu_count()} cores",
         "",
-        "| variant | W1 ms/token (median) | runs | b32 ms/step (median) | "
+        "| variant | W1 ms/token (median) | runs | b32 ms/step (median) | weights MiB | "
         "compiles after warm-up | graph calls / eager ops per step |",
-        "|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|",
     ]
     base = None
     for v in variants:
@@ -165,7 +178,8 @@ def _report(variants: list[Variant], results: dict[str, list[dict[str, Any]]]) -
         prox_s = f"{prox['compiled_graph_calls']:g} / {prox['eager_device_ops']:g}" if prox else "-"
         lines.append(
             f"| {v.name} | {w1m:.2f} ({w1m / base[0]:.2f}x) | {len(w1)} | "
-            f"{b32m:.1f} ({b32m / base[1]:.2f}x) | {sum(r['compiles_after_warm_up'] for r in rs)} "
+            f"{b32m:.1f} ({b32m / base[1]:.2f}x) | {rs[0]['weight_bytes'] / 2**20:.0f} | "
+            f"{sum(r['compiles_after_warm_up'] for r in rs)} "
             f"| {prox_s} |"
         )
     return "\n".join(lines)
@@ -200,7 +214,8 @@ def main() -> None:
     for rnd in range(args.rounds):
         order = variants if rnd % 2 == 0 else variants[::-1]
         for v in order:
-            r = _run_variant(v, args.model, args.runs, args.proxies and rnd == 0, work, rnd)
+            model = v.model or args.model
+            r = _run_variant(v, model, args.runs, args.proxies and rnd == 0, work, rnd)
             results[v.name].append(r)
             print(
                 f"[ab] round {rnd} {v.name}: W1 {statistics.median(r['w1_ms_per_token']):.2f} "

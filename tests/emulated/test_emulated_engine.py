@@ -98,6 +98,20 @@ def test_quantization_is_refused_on_the_card_path_before_the_engine(tiny_llama) 
         LLM(str(tiny_llama), quantization="fp8", **ENGINE)
 
 
+def test_int8_vocab_is_refused_on_the_card_path_before_the_engine(tiny_llama, monkeypatch) -> None:
+    """SPYRE_CPU_INT8_VOCAB is a cpu-target option (INT8 GEMMs, integer tensors)."""
+    from spyre_inference.platform import settings
+
+    monkeypatch.setenv("SPYRE_CPU_INT8_VOCAB", "1")
+    settings.reset_cache()
+    try:
+        with pytest.raises(ValueError, match=r"SPYRE_CPU_INT8_VOCAB=1 is a cpu-target option"):
+            LLM(str(tiny_llama), **ENGINE)
+    finally:
+        monkeypatch.delenv("SPYRE_CPU_INT8_VOCAB")
+        settings.reset_cache()
+
+
 def test_pipeline_parallel_is_refused_on_the_card_path_before_the_engine(tiny_llama) -> None:
     """Stages exchange activations by send/recv, verified over gloo on the cpu target
     only: the card path refuses pipeline parallelism by name."""

@@ -26,7 +26,6 @@ from spyre_inference.testing import (
     assert_greedy_close,
     hf_greedy_with_logprobs,
 )
-from spyre_inference.testing.fixtures import tiny_model_factory  # noqa: F401
 
 MAX_TOKENS = 12
 PROMPTS = TEST_PROMPTS[:4]
@@ -90,7 +89,7 @@ def _packed_op_routes(model) -> tuple[str, int]:
 
 
 @pytest.fixture(scope="module")
-def reference(tiny_model_factory):  # noqa: F811
+def reference(tiny_model_factory):
     model = tiny_model_factory("llama")
     return model, hf_greedy_with_logprobs(model, PROMPTS, MAX_TOKENS, "float32", num_logprobs=5)
 

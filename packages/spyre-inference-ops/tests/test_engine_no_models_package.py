@@ -16,12 +16,11 @@ pytest.importorskip("spyre_inference.testing")
 from ops_engine_util import assert_all_swapped, greedy, module_classes
 
 from spyre_inference.testing import TEST_PROMPTS, hf_greedy
-from spyre_inference.testing.fixtures import tiny_model_factory  # noqa: F401
 
 MAX_TOKENS = 12
 
 
-def test_llama_served_without_models_plugin(tiny_model_factory, make_llm, monkeypatch):  # noqa: F811
+def test_llama_served_without_models_plugin(tiny_model_factory, make_llm, monkeypatch):
     monkeypatch.setenv("VLLM_PLUGINS", "spyre,spyre_ops")
     model = tiny_model_factory("llama")
     llm = make_llm(model, dtype="float32", enforce_eager=True)

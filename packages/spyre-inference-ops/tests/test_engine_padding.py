@@ -24,7 +24,6 @@ from ops_engine_util import assert_all_swapped, greedy, module_classes
 
 from spyre_inference.platform.stick_pad import PLAN_KEY, DimPad, StickPadPlan
 from spyre_inference.testing import TEST_PROMPTS, hf_greedy
-from spyre_inference.testing.fixtures import tiny_model_factory  # noqa: F401
 
 MAX_TOKENS = 16
 PROMPTS = TEST_PROMPTS[:6]
@@ -39,7 +38,7 @@ OVERRIDES = {
 
 
 @pytest.mark.parametrize("kind", ["llama", "granite", "qwen3"])
-def test_padded_model_greedy_equals_hf(kind, tiny_model_factory, make_llm):  # noqa: F811
+def test_padded_model_greedy_equals_hf(kind, tiny_model_factory, make_llm):
     model = tiny_model_factory(kind, **OVERRIDES[kind])
     llm = make_llm(model, dtype="float32", enforce_eager=True)
     assert_all_swapped(module_classes(llm))
@@ -66,7 +65,7 @@ def test_padded_model_greedy_equals_hf(kind, tiny_model_factory, make_llm):  # n
     assert not mismatches
 
 
-def test_padded_granite_with_explicit_plan(tiny_model_factory, make_llm):  # noqa: F811
+def test_padded_granite_with_explicit_plan(tiny_model_factory, make_llm):
     """The padded engine path with the widened config given explicitly.
 
     ``hf_overrides`` + ``additional_config`` are exactly what

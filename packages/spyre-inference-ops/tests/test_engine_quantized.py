@@ -33,7 +33,6 @@ from spyre_inference.testing import (
     assert_greedy_top_k_close,
     hf_greedy_with_logprobs,
 )
-from spyre_inference.testing.fixtures import tiny_model_factory  # noqa: F401
 from spyre_inference.testing.quantize import dequantized_checkpoint, quantize_checkpoint
 
 MAX_TOKENS = 12
@@ -131,7 +130,7 @@ SCHEMES = ["fp8_w8a8", "fp8_w8a16", "int8_w8a8", "online_fp8"]
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_quantized_checkpoint(scheme, tiny_model_factory, make_llm, vllm_quant_utils, tmp_path):  # noqa: F811
+def test_quantized_checkpoint(scheme, tiny_model_factory, make_llm, vllm_quant_utils, tmp_path):
     from vllm import SamplingParams
 
     src = tiny_model_factory("llama")

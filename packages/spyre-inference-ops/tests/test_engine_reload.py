@@ -21,7 +21,6 @@ pytest.importorskip("spyre_inference.testing")
 from ops_engine_util import greedy
 
 from spyre_inference.testing import TEST_PROMPTS, hf_greedy
-from spyre_inference.testing.fixtures import tiny_model_factory  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +31,7 @@ PROMPTS = TEST_PROMPTS[:3]
 @pytest.mark.parametrize("tied", [False, True], ids=["untied-head", "tied-head"])
 def test_reload_weights_in_place_follows_the_new_weights(
     tied,
-    tiny_model_factory,  # noqa: F811
+    tiny_model_factory,
     make_llm,
     monkeypatch,
 ):

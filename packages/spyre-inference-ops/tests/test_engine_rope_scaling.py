@@ -18,7 +18,6 @@ pytest.importorskip("spyre_inference.testing")
 from ops_engine_util import assert_all_swapped, greedy, module_classes
 
 from spyre_inference.testing import TEST_PROMPTS, hf_greedy
-from spyre_inference.testing.fixtures import tiny_model_factory  # noqa: F401
 
 MAX_TOKENS = 12
 MAX_MODEL_LEN = 384
@@ -31,7 +30,7 @@ YARN = {
 }
 
 
-def test_qwen2_yarn_greedy_equals_hf(tiny_model_factory, make_llm):  # noqa: F811
+def test_qwen2_yarn_greedy_equals_hf(tiny_model_factory, make_llm):
     model = tiny_model_factory("qwen2", rope_parameters=YARN, max_position_embeddings=512)
     llm = make_llm(model, dtype="float32", enforce_eager=True, max_model_len=MAX_MODEL_LEN)
     classes = module_classes(llm)

@@ -22,7 +22,6 @@ from spyre_inference.testing import (
     hf_greedy,
     hf_greedy_with_logprobs,
 )
-from spyre_inference.testing.fixtures import tiny_model_factory  # noqa: F401
 
 MAX_TOKENS = 16
 PROMPTS = TEST_PROMPTS[:6]
@@ -33,7 +32,7 @@ PROMPTS = TEST_PROMPTS[:6]
     [("llama", False), ("granite", True), ("qwen3", True)],
     ids=["llama-compiled", "granite-eager", "qwen3-eager"],
 )
-def test_layers_swapped_and_greedy_equals_hf(kind, eager, tiny_model_factory, make_llm):  # noqa: F811
+def test_layers_swapped_and_greedy_equals_hf(kind, eager, tiny_model_factory, make_llm):
     model = tiny_model_factory(kind)
     llm = make_llm(model, dtype="float32", enforce_eager=eager)
     assert_all_swapped(module_classes(llm))
@@ -43,7 +42,7 @@ def test_layers_swapped_and_greedy_equals_hf(kind, eager, tiny_model_factory, ma
     assert not mismatches
 
 
-def test_bf16_greedy_close_to_hf(tiny_model_factory, make_llm):  # noqa: F811
+def test_bf16_greedy_close_to_hf(tiny_model_factory, make_llm):
     model = tiny_model_factory("llama")
     llm = make_llm(model, dtype="bfloat16", enforce_eager=True)
     got = greedy(llm, PROMPTS, MAX_TOKENS)

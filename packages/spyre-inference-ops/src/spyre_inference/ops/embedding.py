@@ -27,6 +27,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     get_masked_input_and_mask,
 )
 
+from spyre_inference.ops import int8_vocab
 from spyre_inference.ops._oot import spyre_oot
 
 
@@ -75,6 +76,10 @@ class SpyreVocabParallelEmbedding(VocabParallelEmbedding):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if type(self.quant_method) is UnquantizedEmbeddingMethod and int8_vocab.enabled():
+            # cpu target, SPYRE_CPU_INT8_VOCAB=1: INT8 rows (int8_vocab), through
+            # upstream's forward, which calls the method's embedding().
+            self.quant_method = int8_vocab.SpyreInt8EmbeddingMethod()
         if self.tp_size > 1:
             reindex, keep = build_shard_tables(
                 self.shard_indices, self.num_embeddings_padded, self.params_dtype

@@ -20,6 +20,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
     UnquantizedEmbeddingMethod,
 )
 
+from spyre_inference.ops import int8_vocab
 from spyre_inference.ops._oot import spyre_oot
 from spyre_inference.ops.transposed_weight import SpyreTransposedWeightMethod
 from spyre_inference.platform.device import STICK_ELEMS
@@ -57,7 +58,11 @@ class SpyreParallelLMHead(ParallelLMHead):
         # A quant config that excludes the head hands out the plain linear
         # method instead of the embedding one: both are unquantized weights.
         if type(self.quant_method) in (UnquantizedEmbeddingMethod, UnquantizedLinearMethod):
-            self.quant_method = SpyreUnquantizedLMHeadMethod()
+            if int8_vocab.enabled():
+                # cpu target, SPYRE_CPU_INT8_VOCAB=1: the INT8 head (int8_vocab).
+                self.quant_method = int8_vocab.SpyreInt8LMHeadMethod()
+            else:
+                self.quant_method = SpyreUnquantizedLMHeadMethod()
 
     @property
     def weight(self) -> torch.Tensor:

@@ -122,3 +122,22 @@ def check_quantization(vllm_config: VllmConfig) -> None:
 
 
 __all__ = ["QuantizationConfigError", "check_quantization"]
+
+
+def check_int8_vocab(vllm_config: VllmConfig) -> None:
+    """Refuse ``SPYRE_CPU_INT8_VOCAB=1`` where the INT8 vocabulary cannot serve."""
+    from spyre_inference.platform import settings
+
+    if not settings.get("SPYRE_CPU_INT8_VOCAB"):
+        return
+    if placement.is_spyre():
+        raise QuantizationConfigError(
+            "SPYRE_CPU_INT8_VOCAB=1 is a cpu-target option (INT8 GEMMs on the host); the "
+            "card computes in float16 and holds no integer tensors. Unset it on the card."
+        )
+    if vllm_config.lora_config is not None:
+        raise QuantizationConfigError(
+            "SPYRE_CPU_INT8_VOCAB=1 with LoRA: vLLM's LoRA wrapper of the logits reads the "
+            "LM head's 16-bit weight, which the INT8 vocabulary replaces. Unset "
+            "SPYRE_CPU_INT8_VOCAB, or serve without --enable-lora."
+        )

@@ -210,6 +210,19 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("auto", "off"),
     ),
     Setting(
+        "SPYRE_CPU_INT8_VOCAB",
+        "0",
+        "cpu target: keep the vocabulary matrix (the LM head and the input embedding; one "
+        "matrix when they are tied) in INT8 with a float32 scale per vocabulary row, "
+        "quantized at load, and compute the logits with an INT8 GEMM on per-token INT8 "
+        "activations (1). Halves the largest weight of small models and the bytes the head "
+        "reads per token; the logits move by the quantization error (top tokens can swap "
+        "where they are near-ties). Not with LoRA or weight reloading; refused on the card "
+        "path.",
+        choices=_BOOL_CHOICES,
+        parse=_bool,
+    ),
+    Setting(
         "SPYRE_CPU_GEMM_HOST_ROWS",
         "0",
         "cpu target, with SPYRE_CPU_GEMM_PACK=auto: products of at most this many rows "

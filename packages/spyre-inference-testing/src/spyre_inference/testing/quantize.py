@@ -146,9 +146,37 @@ def dequantized_checkpoint(
     return _rewrite(quantized, out, result, config)
 
 
+#: The vocabulary matrices of the tiny decoders (the head only when untied).
+VOCAB_TENSORS = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def int8_vocab_reference(
+    src: str | os.PathLike[str], out: str | os.PathLike[str], dtype: torch.dtype
+) -> Path:
+    """``src`` with its vocabulary matrices replaced by their INT8 round trip
+    (symmetric, a scale per vocabulary row) in ``dtype``: what transformers runs as
+    the reference for ``SPYRE_CPU_INT8_VOCAB=1``."""
+    from safetensors.torch import load_file
+
+    src, out = Path(src), Path(out)
+    tensors = load_file(src / "model.safetensors")
+    result: dict[str, torch.Tensor] = {}
+    for name, tensor in tensors.items():
+        if name in VOCAB_TENSORS:
+            q, scale = quantize_weight(tensor, "int8_w8a8")
+            result[name] = (q.float() * scale).to(dtype)
+        else:
+            result[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    config = json.loads((src / "config.json").read_text())
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    return _rewrite(src, out, result, config)
+
+
 __all__ = [
     "SCHEMES",
+    "VOCAB_TENSORS",
     "dequantized_checkpoint",
+    "int8_vocab_reference",
     "quantization_config",
     "quantize_checkpoint",
     "quantize_weight",
