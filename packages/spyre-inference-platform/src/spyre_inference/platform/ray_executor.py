@@ -5,8 +5,9 @@ vLLM's ``RayExecutorV2`` unchanged except that, before Ray starts in the
 engine's process, it registers the ``spyre`` accelerator manager
 (``ray_resource``; a local cluster then detects the resource) and refuses a
 cluster with fewer units than ranks, with the numbers and the fix, instead of
-vLLM's 30-minute wait for a placement group that can never be placed. The
-platform makes the same check in the user's process before the engine starts.
+vLLM's 30-minute wait for a placement group that can never be placed (the
+platform makes the same check in the user's process before the engine starts),
+and hands every ``SPYRE_*`` variable to the Ray workers in their runtime env.
 """
 
 from __future__ import annotations
