@@ -239,6 +239,7 @@ INVALID_SETTING_VALUES = {
     "SPYRE_CPU_GEMM_KERNEL": "avx512",
     "SPYRE_CPU_GEMM_PACK": "on",
     "SPYRE_CPU_GEMM_HOST_ROWS": "-1",
+    "SPYRE_CPU_INT8_VOCAB": "maybe",
     "SPYRE_CPU_ISA": "sse4",
     "SPYRE_CPU_ATTN_KERNEL": "avx2",
     "SPYRE_DEFAULT_MODEL_DIR": "{a_file}",
