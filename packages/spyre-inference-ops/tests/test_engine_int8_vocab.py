@@ -21,6 +21,7 @@ from spyre_inference.testing import (
     TEST_PROMPTS,
     assert_greedy_top_k_close,
     hf_greedy_with_logprobs,
+    vllm_greedy_with_top_logprobs,
 )
 from spyre_inference.testing.quantize import int8_vocab_reference
 
@@ -53,8 +54,6 @@ def _vocab_storage(model: torch.nn.Module) -> dict[str, Any]:
 def test_int8_vocab_greedy_close_to_transformers(
     tied, tiny_model_factory, make_llm, monkeypatch, tmp_path
 ) -> None:
-    from vllm import SamplingParams
-
     from spyre_inference.platform import settings
 
     monkeypatch.setenv("SPYRE_CPU_INT8_VOCAB", "1")
@@ -76,12 +75,7 @@ def test_int8_vocab_greedy_close_to_transformers(
     if tied:
         assert storage["embed_16bit_numel"] == 0, storage
 
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
-    outs = llm.generate(list(PROMPTS), params)
-    got = [list(o.outputs[0].token_ids) for o in outs]
-    got_lp = [
-        [{t: lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs] for o in outs
-    ]
+    got, got_lp = vllm_greedy_with_top_logprobs(llm, PROMPTS, MAX_TOKENS, k=5)
     want = hf_greedy_with_logprobs(reference, PROMPTS, MAX_TOKENS, "bfloat16", num_logprobs=5)
     exact = assert_greedy_top_k_close(want, got, got_lp, k=5)
     print(f"INT8 vocabulary: {exact}/{len(PROMPTS)} prompts identical to transformers bf16")

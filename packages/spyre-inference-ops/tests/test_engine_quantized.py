@@ -32,6 +32,7 @@ from spyre_inference.testing import (
     TEST_PROMPTS,
     assert_greedy_top_k_close,
     hf_greedy_with_logprobs,
+    vllm_greedy_with_top_logprobs,
 )
 from spyre_inference.testing.quantize import dequantized_checkpoint, quantize_checkpoint
 
@@ -131,8 +132,6 @@ SCHEMES = ["fp8_w8a8", "fp8_w8a16", "int8_w8a8", "online_fp8"]
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_quantized_checkpoint(scheme, tiny_model_factory, make_llm, vllm_quant_utils, tmp_path):
-    from vllm import SamplingParams
-
     src = tiny_model_factory("llama")
     if scheme == "online_fp8":
         model, kwargs = src, {"quantization": "fp8"}
@@ -154,12 +153,7 @@ def test_quantized_checkpoint(scheme, tiny_model_factory, make_llm, vllm_quant_u
     print(f"\n{scheme}: per-layer worst error / vLLM tolerance {worst}")
     assert max(worst.values()) <= 1.0, worst
 
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=5)
-    outs = llm.generate(list(PROMPTS), params)
-    got = [list(o.outputs[0].token_ids) for o in outs]
-    got_lp = [
-        [{t: lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs] for o in outs
-    ]
+    got, got_lp = vllm_greedy_with_top_logprobs(llm, PROMPTS, MAX_TOKENS, k=5)
     want = hf_greedy_with_logprobs(reference, PROMPTS, MAX_TOKENS, "bfloat16", num_logprobs=5)
     exact = assert_greedy_top_k_close(want, got, got_lp, k=5)
     print(f"\n{scheme}: {exact}/{len(PROMPTS)} identical to transformers bf16; {worst}")

@@ -16,6 +16,7 @@ from spyre_inference.testing.hf import (
     hf_cross_encoder_scores,
     hf_greedy,
     hf_greedy_with_logprobs,
+    vllm_greedy_with_top_logprobs,
 )
 from spyre_inference.testing.models import (
     DEFAULT_DTYPE,
@@ -53,4 +54,5 @@ __all__ = [
     "hf_greedy_with_logprobs",
     "save_tokenizer",
     "tiny_config",
+    "vllm_greedy_with_top_logprobs",
 ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -192,6 +193,22 @@ def hf_cross_encoder_scores(
         with torch.inference_mode():
             scores.append(float(torch.sigmoid(model(**enc).logits[0, 0].float())))
     return scores
+
+
+def vllm_greedy_with_top_logprobs(
+    llm: Any, prompts: Sequence[str], max_tokens: int, k: int = 5
+) -> tuple[list[list[int]], list[list[dict[int, float]]]]:
+    """Greedy tokens of a ``vllm.LLM`` and each step's top-``k`` logprobs
+    (``{token: logprob}``): the engine side of :func:`assert_greedy_top_k_close`."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, logprobs=k)
+    outs = llm.generate(list(prompts), params)
+    tokens = [list(o.outputs[0].token_ids) for o in outs]
+    logprobs = [
+        [{t: lp.logprob for t, lp in step.items()} for step in o.outputs[0].logprobs] for o in outs
+    ]
+    return tokens, logprobs
 
 
 def assert_greedy_top_k_close(
