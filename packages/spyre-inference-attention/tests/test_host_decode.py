@@ -170,3 +170,74 @@ def test_policy(monkeypatch):
     finally:
         monkeypatch.delenv("SPYRE_CPU_ATTN_KERNEL")
         settings.reset_cache()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("padding_rows", [0, 3])
+def test_store_and_decode_is_the_store_then_the_kernel(dtype, padding_rows):
+    """The fused call = ``index_copy_`` of K|V at the slots, then attention, then
+    the result rounded to the output dtype by torch, padding rows zeroed.
+
+    K and V are strided views into one fused QKV buffer, as the model hands
+    them over; the reference store is torch's own ``index_copy_``.
+    """
+    block_size, num_blocks, heads, kv_heads, head = 64, 12, 9, 3, 64
+    seq_lens = [70, 1, 129]
+    num_seqs = len(seq_lens)
+    tokens = num_seqs + padding_rows
+    gen = torch.Generator().manual_seed(3)
+    pages = _pages(num_blocks, block_size, kv_heads, head, dtype)
+    _, mask = _case(num_seqs, 3, block_size, num_blocks, seq_lens)
+    # Distinct pages per sequence, so no two new tokens share a slot.
+    block_ids = torch.tensor([[3, 7, 1], [5, 2, 9], [11, 4, 8]])
+    # Each sequence's new token sits at position seq_len - 1 of its own pages;
+    # padding tokens go to slots of the null block 0.
+    slots = torch.tensor(
+        [
+            int(block_ids[i, (n - 1) // block_size]) * block_size + (n - 1) % block_size
+            for i, n in enumerate(seq_lens)
+        ]
+        + list(range(padding_rows)),
+        dtype=torch.int64,
+    )
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head, generator=gen).to(dtype)
+    q = qkv[:, : heads * head].view(tokens, heads, head)
+    k = qkv[:, heads * head : (heads + kv_heads) * head].view(tokens, kv_heads, head)
+    v = qkv[:, (heads + kv_heads) * head :].view(tokens, kv_heads, head)
+
+    want_pages = pages.clone()
+    want_pages.view(-1, kv_heads, 2 * head).index_copy_(0, slots, torch.cat((k, v), dim=-1))
+    want = host_decode.paged_decode(q[:num_seqs], want_pages, block_ids, mask, 0.125)
+
+    out = torch.full((tokens, heads, head), float("nan"), dtype=dtype)
+    host_decode.store_and_decode(q[:num_seqs], k, v, slots, pages, block_ids, mask, 0.125, out)
+    assert torch.equal(pages, want_pages)
+    assert torch.equal(out[:num_seqs], want.to(dtype))
+    assert not out[num_seqs:].any()
+    # And against the float64 reference, through the stored pages.
+    ref = _reference(q[:num_seqs], want_pages, block_ids, mask, 0.125)
+    torch.testing.assert_close(out[:num_seqs].double(), ref, atol=2e-2, rtol=2e-2)
+
+
+def test_store_and_decode_without_a_store_only_attends():
+    """A layer sharing another layer's cache stores nothing (key None)."""
+    pages = _pages(8, 64, 2, 64, torch.bfloat16)
+    block_ids, mask = _case(2, 2, 64, 8, [100, 3])
+    q = torch.randn(2, 4, 64).to(torch.bfloat16)
+    before = pages.clone()
+    out = torch.empty(2, 4, 64, dtype=torch.bfloat16)
+    host_decode.store_and_decode(q, None, None, None, pages, block_ids, mask, 0.125, out)
+    assert torch.equal(pages, before)
+    want = host_decode.paged_decode(q, pages, block_ids, mask, 0.125, out_dtype=torch.bfloat16)
+    assert torch.equal(out, want)
+
+
+def test_store_and_decode_refuses_keys_of_another_dtype():
+    pages = _pages(8, 64, 2, 64, torch.bfloat16)
+    block_ids, mask = _case(1, 1, 64, 8, [3])
+    q = torch.randn(1, 4, 64).to(torch.bfloat16)
+    k = torch.randn(1, 2, 64)  # float32 keys, bfloat16 cache
+    with pytest.raises(ValueError, match="does not fit pages"):
+        host_decode.store_and_decode(
+            q, k, k, torch.tensor([5]), pages, block_ids, mask, 0.125, torch.empty(1, 4, 64)
+        )

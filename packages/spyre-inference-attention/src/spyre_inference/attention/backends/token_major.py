@@ -792,6 +792,8 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             raise NotImplementedError("fused output quantization is not supported")
         if attn_metadata is None:  # profiling / dummy run without metadata
             return output.zero_()
+        if self._store_and_attend_on_host(query, key, value, kv_cache, attn_metadata, output):
+            return output
 
         # Step 2, the KV write, before any attention reads the pages. A layer
         # that shares an earlier layer's cache writes nothing (vLLM's rule for
@@ -809,6 +811,63 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         if attn_metadata.num_actual_tokens < output.shape[0]:
             output[attn_metadata.num_actual_tokens :].zero_()
         return output
+
+    def _store_and_attend_on_host(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor | None,
+        value: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        md: SpyreAttentionMetadata,
+        output: torch.Tensor,
+    ) -> bool:
+        """cpu target: the whole layer step as one host-kernel call, when it can be.
+
+        When every real row of the step is a host row (decode steps, and the
+        prefills the policy sends to the kernel) the KV store, the attention,
+        the write into ``output`` and the zeroing of its padding rows are one
+        call of ``ops.host_decode.store_and_decode``: no Python between them,
+        no ``cat`` of K|V, no float32 copies of the query and result. The card
+        runs the same work as its store graph then its attention graph; a step
+        with rows on the graphs takes the general path below. Returns whether
+        it ran.
+        """
+        host = md.host
+        if (
+            host is None
+            or md.seqs
+            or md.decode is not None
+            or not host.leading
+            or host.num_rows != md.num_actual_tokens
+            or kv_cache.numel() == 0
+        ):
+            return False
+        writes = key is not None and value is not None and self.kv_sharing_target_layer_name is None
+        if writes and (key.dtype != kv_cache.dtype or value.dtype != kv_cache.dtype):
+            return False
+        n = host.num_rows
+        pages, _ = self._cache_views(kv_cache)
+        slots = None
+        if writes:
+            self._check_content(kv_cache)
+            num_tokens = key.shape[0]
+            slots = md.step_index(
+                (self.layout_name, num_tokens, *kv_cache.shape[1:3]),
+                lambda: self._store_index(host_slots(md.slot_mapping, num_tokens), kv_cache),
+            )
+        ops.host_decode.store_and_decode(
+            query if n == query.shape[0] else query[:n],
+            key if writes else None,
+            value if writes else None,
+            slots,
+            pages,
+            host.block_ids,
+            md.host_mask(self.sliding_window),
+            self.scale,
+            output,
+            sinks=self._sinks_on_device(torch.float32),
+        )
+        return True
 
     def _attend_sequences(
         self,

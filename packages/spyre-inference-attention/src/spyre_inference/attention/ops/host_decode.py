@@ -76,25 +76,41 @@ def _library_or_error() -> ctypes.CDLL | str:
         return str(exc)
     fn = lib.spyre_paged_decode
     fn.restype = ctypes.c_int
+    L, P = ctypes.c_long, ctypes.c_void_p
     fn.argtypes = [
-        ctypes.c_void_p,  # q
-        ctypes.c_long,  # S
-        ctypes.c_long,  # H
-        ctypes.c_long,  # D
-        ctypes.c_void_p,  # pages
-        ctypes.c_int,  # kind
-        ctypes.c_long,  # page stride
-        ctypes.c_long,  # slot stride
-        ctypes.c_long,  # head stride
-        ctypes.c_long,  # KVH
-        ctypes.c_void_p,  # block_ids
-        ctypes.c_long,  # NBK
-        ctypes.c_long,  # BS
-        ctypes.c_void_p,  # mask
-        ctypes.c_float,  # scale
-        ctypes.c_float,  # skip_below
-        ctypes.c_void_p,  # sinks (or NULL)
-        ctypes.c_void_p,  # out
+        P,
+        ctypes.c_int,
+        L,
+        L,  # q, its kind, row and head strides
+        L,
+        L,
+        L,  # S, H, D
+        P,
+        ctypes.c_int,
+        L,
+        L,
+        L,
+        L,  # pages, kind, page/slot/head strides, KVH
+        P,
+        L,
+        L,
+        P,  # block_ids, NBK, BS, mask
+        ctypes.c_float,
+        ctypes.c_float,
+        P,  # scale, skip_below, sinks (or NULL)
+        P,
+        ctypes.c_int,
+        L,
+        L,
+        L,  # out, its kind, row and head strides, zero_rows
+        P,
+        P,
+        L,
+        L,
+        L,
+        L,
+        P,
+        L,  # k, v, their row and head strides, slots, kv_tokens
         ctypes.c_int,  # threads
     ]
     lib.spyre_isa = isa
@@ -122,6 +138,119 @@ def unavailable_reason(
     return lib if isinstance(lib, str) else None
 
 
+def _check_pages(pages: torch.Tensor, head_size: int, what: str) -> None:
+    if pages.shape[-1] != 2 * head_size or pages.stride(3) != 1:
+        raise ValueError(
+            f"{what}: pages {tuple(pages.shape)} (strides {pages.stride()}) are not "
+            f"token-major K|V rows of 2 x {head_size}"
+        )
+    if pages.dtype not in _KINDS:
+        raise ValueError(f"{what}: no kernel for {pages.dtype} pages")
+
+
+def _check_rows(t: torch.Tensor, name: str, what: str) -> None:
+    """``t`` is ``[rows, heads, head_size]`` with contiguous head vectors, of a kernel dtype."""
+    if t.dim() != 3 or t.stride(2) != 1 or t.dtype not in _KINDS:
+        raise ValueError(
+            f"{what}: {name} {tuple(t.shape)} {t.dtype} (strides {t.stride()}) is not "
+            "[rows, heads, head_size] with contiguous heads"
+        )
+
+
+def _run(
+    what: str,
+    q: torch.Tensor,
+    pages: torch.Tensor,
+    block_ids: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,
+    zero_rows: int,
+    sinks: torch.Tensor | None,
+    store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """Checks, then one kernel call: the optional store, attention, padding rows."""
+    from spyre_inference.attention.ops.page_attention import mask_value
+
+    lib = _library_or_error()
+    if isinstance(lib, str):
+        raise NativeKernelUnavailable(lib)
+    num_seqs, num_heads, head_size = q.shape
+    _check_pages(pages, head_size, what)
+    _check_rows(q, "query", what)
+    _check_rows(out, "output", what)
+    _, block_size, num_kv_heads, _ = pages.shape
+    kv_blocks = block_ids.shape[1]
+    if block_ids.shape[0] != num_seqs or mask.shape != (num_seqs, kv_blocks * block_size):
+        raise ValueError(
+            f"{what}: {num_seqs} queries, block table {tuple(block_ids.shape)} and "
+            f"mask {tuple(mask.shape)} disagree"
+        )
+    if out.shape[0] < num_seqs + zero_rows or out.shape[1:] != q.shape[1:]:
+        raise ValueError(f"{what}: output {tuple(out.shape)} does not hold {tuple(q.shape)}")
+    if num_heads % num_kv_heads or num_heads // num_kv_heads > MAX_GROUP:
+        # The kernel keeps per-group statistics for at most MAX_GROUP heads.
+        raise ValueError(f"{what}: {num_heads} query heads over {num_kv_heads} KV heads")
+    sk = None if sinks is None else sinks.to(torch.float32).contiguous()
+    if sk is not None and sk.numel() != num_heads:
+        raise ValueError(f"{what}: {sk.numel()} sinks for {num_heads} heads")
+    ids = block_ids.to(torch.int64).contiguous()
+    m = mask.to(torch.float32).contiguous()
+    k = v = slots = None
+    kv_tokens = 0
+    if store is not None:
+        k, v, slots = store
+        for name, t in (("key", k), ("value", v)):
+            _check_rows(t, name, what)
+            if t.dtype != pages.dtype or t.shape[1:] != (num_kv_heads, head_size):
+                raise ValueError(
+                    f"{what}: {name} {tuple(t.shape)} {t.dtype} does not fit pages of "
+                    f"{num_kv_heads} x {head_size} {pages.dtype}"
+                )
+        kv_tokens = k.shape[0]
+        if v.shape[0] != kv_tokens or slots.shape != (kv_tokens,) or slots.dtype != torch.int64:
+            raise ValueError(f"{what}: {kv_tokens} keys, {v.shape[0]} values, slots {slots.shape}")
+        slots = slots.contiguous()
+    failed = lib.spyre_paged_decode(
+        q.data_ptr(),
+        _KINDS[q.dtype],
+        q.stride(0),
+        q.stride(1),
+        num_seqs,
+        num_heads,
+        head_size,
+        pages.data_ptr(),
+        _KINDS[pages.dtype],
+        pages.stride(0),
+        pages.stride(1),
+        pages.stride(2),
+        num_kv_heads,
+        ids.data_ptr(),
+        kv_blocks,
+        block_size,
+        m.data_ptr(),
+        scale,
+        mask_value(torch.float32) / 2,
+        None if sk is None else sk.data_ptr(),
+        out.data_ptr(),
+        _KINDS[out.dtype],
+        out.stride(0),
+        out.stride(1),
+        zero_rows,
+        None if k is None else k.data_ptr(),
+        None if v is None else v.data_ptr(),
+        0 if k is None else k.stride(0),
+        0 if k is None else k.stride(1),
+        0 if v is None else v.stride(0),
+        0 if v is None else v.stride(1),
+        None if slots is None else slots.data_ptr(),
+        kv_tokens,
+        torch.get_num_threads(),
+    )
+    if failed:
+        raise MemoryError(f"{what}: no memory for {kv_blocks * block_size} scores")
+
+
 def paged_decode(
     q: torch.Tensor,
     pages: torch.Tensor,
@@ -134,7 +263,7 @@ def paged_decode(
     """``softmax(q k^T * scale + mask) v`` of one query row per sequence.
 
     Args:
-        q: ``[num_seqs, num_heads, head_size]``.
+        q: ``[num_seqs, num_heads, head_size]``, float32, bfloat16 or float16.
         pages: ``[num_blocks, block_size, num_kv_heads, 2 * head_size]``
             token-major pages (K|V per slot), last dim contiguous.
         block_ids: ``[num_seqs, kv_blocks]`` int64 page ids per sequence.
@@ -145,69 +274,57 @@ def paged_decode(
 
     Returns:
         ``[num_seqs, num_heads, head_size]``, computed in float32 and returned
-        in ``out_dtype`` (converted inside the kernel's range: the card's graph
+        in ``out_dtype`` (rounded inside the kernel's range: the card's graph
         returns the query's dtype too); a sequence without any unmasked key (a
         padding entry) gets zeros.
     """
-    from spyre_inference.attention.ops.page_attention import mask_value
-
-    lib = _library_or_error()
-    if isinstance(lib, str):
-        raise NativeKernelUnavailable(lib)
-    num_seqs, num_heads, head_size = q.shape
-    _, block_size, num_kv_heads, content = pages.shape
-    if content != 2 * head_size or pages.stride(3) != 1:
-        raise ValueError(
-            f"paged_decode: pages {tuple(pages.shape)} (strides {pages.stride()}) are not "
-            f"token-major K|V rows of 2 x {head_size}"
-        )
-    if pages.dtype not in _KINDS:
-        raise ValueError(f"paged_decode: no kernel for {pages.dtype} pages")
-    kv_blocks = block_ids.shape[1]
-    if block_ids.shape[0] != num_seqs or mask.shape != (num_seqs, kv_blocks * block_size):
-        raise ValueError(
-            f"paged_decode: {num_seqs} queries, block table {tuple(block_ids.shape)} and "
-            f"mask {tuple(mask.shape)} disagree"
-        )
-    if num_heads % num_kv_heads or num_heads // num_kv_heads > MAX_GROUP:
-        # The kernel keeps per-group statistics for at most MAX_GROUP heads.
-        raise ValueError(f"paged_decode: {num_heads} query heads over {num_kv_heads} KV heads")
     global _calls
     _calls += 1
+    out = torch.empty(q.shape, dtype=out_dtype)
     with as_graph_call("paged decode attention"):
-        qf = q.to(torch.float32).contiguous()
-        ids = block_ids.to(torch.int64).contiguous()
-        m = mask.to(torch.float32).contiguous()
-        sk = None if sinks is None else sinks.to(torch.float32).contiguous()
-        if sk is not None and sk.numel() != num_heads:
-            raise ValueError(f"paged_decode: {sk.numel()} sinks for {num_heads} heads")
-        out = torch.empty((num_seqs, num_heads, head_size), dtype=torch.float32)
-        failed = lib.spyre_paged_decode(
-            qf.data_ptr(),
-            num_seqs,
-            num_heads,
-            head_size,
-            pages.data_ptr(),
-            _KINDS[pages.dtype],
-            pages.stride(0),
-            pages.stride(1),
-            pages.stride(2),
-            num_kv_heads,
-            ids.data_ptr(),
-            kv_blocks,
-            block_size,
-            m.data_ptr(),
-            scale,
-            mask_value(torch.float32) / 2,
-            None if sk is None else sk.data_ptr(),
-            out.data_ptr(),
-            torch.get_num_threads(),
-        )
-        if not failed and out_dtype != torch.float32:
-            out = out.to(out_dtype)
-    if failed:
-        raise MemoryError(f"paged_decode: no memory for {kv_blocks * block_size} scores")
+        _run("paged_decode", q, pages, block_ids, mask, scale, out, 0, sinks, None)
     return out
+
+
+def store_and_decode(
+    q: torch.Tensor,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    slots: torch.Tensor | None,
+    pages: torch.Tensor,
+    block_ids: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    output: torch.Tensor,
+    sinks: torch.Tensor | None = None,
+) -> None:
+    """A layer's whole attention step on the cpu target, in one kernel call.
+
+    Stores ``key``/``value`` (``[num_tokens, num_kv_heads, head_size]``, the
+    cache's dtype, any row stride: views into the fused QKV output are read
+    where they lie) at ``slots`` (``[num_tokens]`` int64; padding tokens at a
+    null-block slot), then writes :func:`paged_decode` of the ``q.shape[0]``
+    rows of ``q`` into the first rows of ``output`` (its dtype, any row stride)
+    and zeros the rest of ``output``'s rows (the step's padding). What the
+    card runs as two compiled graphs (the KV store, then attention) and the
+    copy of the result into the output, as one call: one profiler range, and
+    no Python between the store and the attention.
+    """
+    global _calls
+    _calls += 1
+    with as_graph_call("KV store + paged decode attention"):
+        _run(
+            "store_and_decode",
+            q,
+            pages,
+            block_ids,
+            mask,
+            scale,
+            output,
+            output.shape[0] - q.shape[0],
+            sinks,
+            None if key is None or value is None or slots is None else (key, value, slots),
+        )
 
 
 __all__ = [
@@ -216,5 +333,6 @@ __all__ = [
     "as_graph_call",
     "calls",
     "paged_decode",
+    "store_and_decode",
     "unavailable_reason",
 ]

@@ -26,14 +26,25 @@
  * out = sum_j exp(s_j - m) v_j / (sum_j exp(s_j - m) + exp(sink - m)), with m
  * the maximum over the scores and the sink.
  *
- * Layout (elements, not bytes):
- *   q        [S, H, D] float32, contiguous
+ * The same call can first store the step's new K|V rows into the cache (the
+ * KV store the card runs as its own compiled graph), so a layer's attention
+ * on the cpu target is one call: the store finishes (an OpenMP barrier)
+ * before any attention reads a page, as the card's store graph finishes
+ * before its attention graph starts.
+ *
+ * Layout (elements, not bytes; every last dimension contiguous):
+ *   q        query row s, head h at q + s*q_row + h*q_head; float32, bfloat16
+ *            or float16 (q_kind)
  *   pages    K|V rows of 2*D values; slot (block b, offset o, KV head h)
  *            starts at b*page_stride + o*slot_stride + h*head_stride
  *   block_ids [S, NBK] int64, contiguous
  *   mask     [S, NBK*BS] float32, contiguous (additive)
  *   sinks    [H] float32 or NULL
- *   out      [S, H, D] float32, contiguous
+ *   out      row s, head h at out + s*out_row + h*out_head, of out_kind;
+ *            rows S .. S+zero_rows-1 are zeroed (a step's padding rows)
+ *   k, v     new row t, KV head h at k + t*k_row + h*k_head (likewise v), of
+ *            the cache's kind; stored at slots[t] (int64; block slots[t]/BS,
+ *            offset slots[t]%BS) before attention; kv_tokens 0 stores nothing
  * Requires D % 8 == 0 and H % KVH == 0 (checked by the caller).
  *
  * Built with -O3 -mavx2 -mfma -mf16c -fopenmp; OpenMP resolves to the libgomp
@@ -42,6 +53,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <omp.h>
 
 enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2 };
@@ -56,6 +68,29 @@ static inline __attribute__((always_inline)) __m256 load8(const void *base, long
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)base + i));
     if (kind == KIND_F16) return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* Store 8 floats as `kind` at base[i]: float16 and bfloat16 round to nearest
+ * even, as torch's conversions do (a NaN stays a quiet NaN). */
+static inline __attribute__((always_inline)) void store8(void *base, long i, __m256 x, int kind) {
+    if (kind == KIND_F32) {
+        _mm256_storeu_ps((float *)base + i, x);
+        return;
+    }
+    __m128i h;
+    if (kind == KIND_F16) {
+        h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    } else {
+        __m256i b = _mm256_castps_si256(x);
+        __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
+        __m256i r = _mm256_srli_epi32(_mm256_add_epi32(b, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF))), 16);
+        __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), nan);
+        /* packus works per 128-bit lane: gather the two lanes' halves. */
+        r = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+        h = _mm256_castsi256_si128(r);
+    }
+    _mm_storeu_si128((__m128i *)((uint16_t *)base + i), h);
 }
 
 static inline float hsum(__m256 v) {
@@ -180,23 +215,49 @@ static inline __attribute__((always_inline)) void attend(
     }
 }
 
+static inline long kind_size(int kind) { return kind == KIND_F32 ? 4 : 2; }
+
+/* The store: K and V of token t, KV head h, side by side in its slot's row. */
+static void store_rows(const char *k, const char *v, long k_row, long k_head, long v_row, long v_head,
+                       const int64_t *slots, long kv_tokens, char *pages, long page_stride,
+                       long slot_stride, long head_stride, long KVH, long D, long BS, long esize) {
+    const size_t half = (size_t)(D * esize);
+#pragma omp for schedule(static)
+    for (long t = 0; t < kv_tokens; t++) {
+        const long slot = (long)slots[t];
+        char *row = pages + ((slot / BS) * page_stride + (slot % BS) * slot_stride) * esize;
+        for (long h = 0; h < KVH; h++) {
+            memcpy(row + h * head_stride * esize, k + (t * k_row + h * k_head) * esize, half);
+            memcpy(row + h * head_stride * esize + half, v + (t * v_row + h * v_head) * esize, half);
+        }
+    }
+}
+
 /* Returns 0; 1 when a thread could not allocate its buffers (out is then
  * incomplete and the caller must raise); 2 for a group size over 64. */
-int spyre_paged_decode(const float *q, long S, long H, long D, const void *pages, int kind,
-                       long page_stride, long slot_stride, long head_stride, long KVH,
-                       const int64_t *block_ids, long NBK, long BS, const float *mask,
-                       float scale, float skip_below, const float *sinks, float *out,
-                       int nthreads) {
+int spyre_paged_decode(const void *q, int q_kind, long q_row, long q_head, long S, long H, long D,
+                       void *pages, int kind, long page_stride, long slot_stride, long head_stride,
+                       long KVH, const int64_t *block_ids, long NBK, long BS, const float *mask,
+                       float scale, float skip_below, const float *sinks, void *out, int out_kind,
+                       long out_row, long out_head, long zero_rows, const void *k, const void *v,
+                       long k_row, long k_head, long v_row, long v_head, const int64_t *slots,
+                       long kv_tokens, int nthreads) {
     const long G = H / KVH, T = NBK * BS, T8 = (T + 7) & ~7L;
-    const long esize = kind == KIND_F32 ? 4 : 2;
+    const long esize = kind_size(kind), q_size = kind_size(q_kind), o_size = kind_size(out_kind);
     if (G > 64) return 2;
-    if (S * KVH == 0) return 0;
+    const long work = S * KVH > kv_tokens ? S * KVH : kv_tokens;
     if (nthreads < 1) nthreads = 1;
-    if (nthreads > S * KVH) nthreads = (int)(S * KVH);
+    if (work == 0) nthreads = 1;
+    else if (nthreads > work) nthreads = (int)work;
     int failed = 0;
 #pragma omp parallel num_threads(nthreads)
     {
-        float *sc = malloc(sizeof(float) * (size_t)(G * T8 + T8));
+        if (kv_tokens > 0)  /* ends in the omp for's barrier: every page written */
+            store_rows((const char *)k, (const char *)v, k_row, k_head, v_row, v_head, slots,
+                       kv_tokens, (char *)pages, page_stride, slot_stride, head_stride, KVH, D,
+                       BS, esize);
+        /* scores, mask values, then the group's query and output rows */
+        float *sc = malloc(sizeof(float) * (size_t)(G * T8 + T8 + 2 * G * D));
         const char **rows = malloc(sizeof(char *) * (size_t)T8);
         if (!sc || !rows) {
 #pragma omp atomic write
@@ -207,6 +268,8 @@ int spyre_paged_decode(const float *q, long S, long H, long D, const void *pages
             for (long h = 0; h < KVH; h++) {
                 if (!sc || !rows) continue;
                 float *mv = sc + G * T8;
+                float *qs = mv + T8;
+                float *os = qs + G * D;
                 const float *ms = mask + s * T;
                 const int64_t *blocks = block_ids + s * NBK;
                 const char *base = (const char *)pages + h * head_stride * esize;
@@ -218,9 +281,11 @@ int spyre_paged_decode(const float *q, long S, long H, long D, const void *pages
                     rows[n] = base + (blocks[t / BS] * page_stride + (t % BS) * slot_stride) * esize;
                     mv[n++] = ms[t];
                 }
-                const float *qs = q + (s * H + h * G) * D;
+                for (long g = 0; g < G; g++) {
+                    const char *qg = (const char *)q + (s * q_row + (h * G + g) * q_head) * q_size;
+                    for (long d = 0; d < D; d += 8) _mm256_storeu_ps(qs + g * D + d, load8(qg, d, q_kind));
+                }
                 const float *sk = sinks ? sinks + h * G : NULL;
-                float *os = out + (s * H + h * G) * D;
                 switch (kind) {
                     case KIND_BF16:
                         attend(KIND_BF16, qs, G, D, esize, rows, mv, n, scale, sk, sc, os);
@@ -231,8 +296,16 @@ int spyre_paged_decode(const float *q, long S, long H, long D, const void *pages
                     default:
                         attend(KIND_F32, qs, G, D, esize, rows, mv, n, scale, sk, sc, os);
                 }
+                for (long g = 0; g < G; g++) {
+                    char *og = (char *)out + (s * out_row + (h * G + g) * out_head) * o_size;
+                    for (long d = 0; d < D; d += 8) store8(og, d, _mm256_loadu_ps(os + g * D + d), out_kind);
+                }
             }
         }
+#pragma omp for schedule(static)
+        for (long r = S; r < S + zero_rows; r++)
+            for (long hh = 0; hh < H; hh++)
+                memset((char *)out + (r * out_row + hh * out_head) * o_size, 0, (size_t)(D * o_size));
         free(rows);
         free(sc);
     }
