@@ -16,74 +16,24 @@ the same architecture would find the first one's graphs.
 
 from __future__ import annotations
 
-import gc
 import random
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from torch._dynamo.utils import counters
 from vllm import LLM, SamplingParams
 
-from spyre_inference.platform import settings
-from spyre_inference.testing import TEST_PROMPTS, hf_greedy
+from spyre_inference.testing import (
+    TEST_PROMPTS,
+    compiled_graphs,
+    hf_greedy,
+    inductor_calls,
+    runner_of,
+)
 
 MAX_TOKENS = 16
-
-
-def _runner(llm: LLM) -> Any:
-    return llm.llm_engine.model_executor.driver_worker.worker.model_runner
-
-
-def _compiled_graphs() -> int:
-    return counters["stats"]["unique_graphs"]
-
-
-def _inductor_calls() -> int:
-    c = counters["inductor"]
-    return c["fxgraph_cache_miss"] + c["fxgraph_cache_hit"] + c["fxgraph_cache_bypass"]
-
-
-@pytest.fixture
-def inproc_llm(monkeypatch) -> Iterator[Any]:
-    """``inproc_llm(model, buckets=..., granularity=..., **llm_kwargs)``: an in-process engine."""
-    import vllm.envs as vllm_envs
-
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    engines: list[LLM] = []
-
-    def factory(
-        model: Path, *, buckets: str | None = None, granularity: str = "block", **kwargs: Any
-    ) -> LLM:
-        if buckets is None:
-            monkeypatch.delenv("SPYRE_NUM_TOKENS_BUCKETS", raising=False)
-        else:
-            monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", buckets)
-        monkeypatch.setenv("SPYRE_COMPILE_GRANULARITY", granularity)
-        settings.reset_cache()
-        # An earlier in-process engine froze vLLM's environment cache.
-        vllm_envs.disable_envs_cache()
-        torch._dynamo.reset()
-        counters.clear()
-        kwargs.setdefault("max_model_len", 512)
-        kwargs.setdefault("max_num_seqs", 8)
-        kwargs.setdefault("max_num_batched_tokens", 64)
-        kwargs.setdefault("dtype", "float32")
-        llm = LLM(model=str(model), **kwargs)
-        engines.append(llm)
-        return llm
-
-    yield factory
-    for llm in engines:
-        llm.llm_engine.engine_core.shutdown()
-    engines.clear()
-    vllm_envs.disable_envs_cache()
-    settings.reset_cache()
-    torch._dynamo.reset()
-    gc.collect()
 
 
 def _shutdown(llm: LLM) -> None:
@@ -99,7 +49,7 @@ def test_llama_blocks_compile_twice_per_bucket_at_any_depth(tiny_model_factory, 
     for layers in (2, 6):
         model = tiny_model_factory("llama", num_hidden_layers=layers)
         llm = inproc_llm(model, buckets="16,64")
-        runner = _runner(llm)
+        runner = runner_of(llm)
         report = runner.compile_report
         assert report.granularity == "block"
         assert report.stacks == ("model.layers",)
@@ -109,7 +59,7 @@ def test_llama_blocks_compile_twice_per_bucket_at_any_depth(tiny_model_factory, 
         assert report.artifacts() == {"LlamaDecoderLayer": 2 * len(buckets)}
         assert runner.warm_up_stats.graphs == {"LlamaDecoderLayer": 2 * len(buckets)}
         assert runner.warm_up_stats.depth_independent
-        seen[layers] = (_compiled_graphs(), _inductor_calls())
+        seen[layers] = (compiled_graphs(), inductor_calls())
         _shutdown(llm)
     # torch's own counters: the whole start-up (blocks, attention kernels,
     # helpers) compiled exactly as many graphs for 6 layers as for 2.
@@ -139,13 +89,13 @@ def test_gemma3_alternating_stack_compiles_three_per_bucket_at_any_depth(
     for layers in (4, 8):
         model = tiny_model_factory("gemma3", num_hidden_layers=layers, rope_parameters=GEMMA3_ROPE)
         llm = inproc_llm(model, buckets="64")
-        runner = _runner(llm)
+        runner = runner_of(llm)
         report = runner.compile_report
         assert report.granularity == "block"
         assert report.classes == {"Gemma3DecoderLayer": layers}
         assert report.artifacts() == {"Gemma3DecoderLayer": 3}
         assert runner.warm_up_stats.depth_independent
-        seen[layers] = (_compiled_graphs(), _inductor_calls())
+        seen[layers] = (compiled_graphs(), inductor_calls())
         _shutdown(llm)
     assert seen[4] == seen[8], seen
 
@@ -156,15 +106,15 @@ def test_encoder_stack_compiles_one_graph_per_bucket(tiny_model_factory, inproc_
     llm = inproc_llm(
         model, buckets="64,128", runner="pooling", max_model_len=256, max_num_batched_tokens=256
     )
-    runner = _runner(llm)
+    runner = runner_of(llm)
     report = runner.compile_report
     assert report.stacks == ("model.encoder.layer",)
     assert report.classes == {"BertLayer": 4}
     assert report.artifacts() == {"BertLayer": len(runner.token_buckets.sizes)}
-    graphs = _compiled_graphs()
+    graphs = compiled_graphs()
     out = llm.embed(["hello world", "a man is eating food " * 20, "x"], use_tqdm=False)
     assert all(len(o.outputs.embedding) == 256 for o in out)
-    assert _compiled_graphs() == graphs
+    assert compiled_graphs() == graphs
 
 
 # ---- Must show 3: nothing compiles after warm-up ----------------------------
@@ -216,16 +166,16 @@ def test_random_requests_after_warm_up_compile_nothing(
     monkeypatch.setenv("SPYRE_SETTLED_GUARDS", "0")
     model = tiny_model_factory("llama", num_hidden_layers=2)
     llm = inproc_llm(model)  # default buckets for a 64-token budget: 8, 16, 32, 64
-    runner = _runner(llm)
+    runner = runner_of(llm)
     assert runner.token_buckets.sizes == (8, 16, 32, 64)
-    graphs, inductor = _compiled_graphs(), _inductor_calls()
+    graphs, inductor = compiled_graphs(), inductor_calls()
     blocks = runner.compile_report.artifacts()
     assert graphs > 0
 
     _random_workload(llm)
 
-    assert _compiled_graphs() == graphs, "a graph compiled after warm-up"
-    assert _inductor_calls() == inductor, "Inductor ran after warm-up"
+    assert compiled_graphs() == graphs, "a graph compiled after warm-up"
+    assert inductor_calls() == inductor, "Inductor ran after warm-up"
     assert runner.compile_report.artifacts() == blocks
     assert not runner._wrapper.guards.settled
 
@@ -244,7 +194,7 @@ def test_settled_guards_serve_the_same_results(tiny_model_factory, inproc_llm, m
     for mode in ("0", "1"):
         monkeypatch.setenv("SPYRE_SETTLED_GUARDS", mode)
         llm = inproc_llm(model)
-        runner = _runner(llm)
+        runner = runner_of(llm)
         guards = runner._wrapper.guards
         assert not guards.settled, "warm-up must run with full guards"
         stances: list[bool] = []
@@ -253,10 +203,10 @@ def test_settled_guards_serve_the_same_results(tiny_model_factory, inproc_llm, m
                 torch._dynamo.eval_frame._is_skip_guard_eval_unsafe_stance()
             )
         )
-        graphs = _compiled_graphs()
+        graphs = compiled_graphs()
         results[mode] = _random_workload(llm)
         hook.remove()
-        assert _compiled_graphs() == graphs
+        assert compiled_graphs() == graphs
         if mode == "0":
             assert not guards.settled and not any(stances)
         else:
@@ -303,7 +253,7 @@ def eager_reference(llama6, tmp_path_factory) -> dict[str, Any]:
             max_num_seqs=8,
             max_num_batched_tokens=128,
         )
-        model = _runner(llm).model
+        model = runner_of(llm).model
         path = tmp_path_factory.mktemp("eager-weights") / "model.safetensors"
         save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
         ref = {
@@ -323,7 +273,7 @@ def test_greedy_compiled_equals_eager_and_hf(
     granularity, llama6, hf_reference, eager_reference, inproc_llm
 ) -> None:
     llm = inproc_llm(llama6, buckets="16,64", granularity=granularity, max_num_batched_tokens=128)
-    runner = _runner(llm)
+    runner = runner_of(llm)
     report = runner.compile_report
     assert report.granularity == granularity
     if granularity == "model":
@@ -341,7 +291,7 @@ def test_compiled_weights_keep_names_and_round_trip(
 ) -> None:
     """In-place compile: same parameter names as eager; weights save and load back strictly."""
     llm = inproc_llm(llama6, buckets="16,64", max_num_batched_tokens=128)
-    model = _runner(llm).model
+    model = runner_of(llm).model
     names = [n for n, _ in model.named_parameters()]
     assert names == eager_reference["names"]
     assert not any("_orig_mod" in n for n in model.state_dict())
@@ -358,7 +308,7 @@ def test_compiled_weights_keep_names_and_round_trip(
     # Scramble the live weights, then reload the saved file strictly: the
     # compiled graphs read the restored parameters (they are graph inputs, not
     # baked constants) and generate the eager tokens again, without compiling.
-    graphs = _compiled_graphs()
+    graphs = compiled_graphs()
     # The engine built its weights as inference tensors: edit them in that mode.
     with torch.inference_mode():
         for p in model.parameters():
@@ -366,4 +316,4 @@ def test_compiled_weights_keep_names_and_round_trip(
         missing, unexpected = model.load_state_dict(saved, strict=True)
     assert not missing and not unexpected
     assert _greedy(llm) == eager_reference["tokens"]
-    assert _compiled_graphs() == graphs
+    assert compiled_graphs() == graphs

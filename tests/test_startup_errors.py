@@ -60,6 +60,11 @@ def config_only(tmp_path_factory):
         "alibi": _small("bloom", "BloomForCausalLM", hidden_size=256, n_layer=2, n_head=4),
         "odd_head": _small("bloom", "BloomForCausalLM", hidden_size=252, n_layer=2, n_head=4),
         "gemma2": tiny_config("gemma2"),
+        "granite_hybrid": tiny_config("granitemoehybrid"),
+        # Mamba (v1) mixers: attention-free, not the Mamba2 mixer the models package serves.
+        "mamba1": _small(
+            "mamba", "MambaForCausalLM", hidden_size=256, num_hidden_layers=2, state_size=16
+        ),
         # DeepSeek-V2: multi-head latent attention (kv_lora_rank), MoE.
         "mla": _small(
             "deepseek_v2",
@@ -404,3 +409,30 @@ def test_a_batch_whose_logits_cannot_fit_the_host_is_refused_at_start_up(tmp_pat
         _config(model, dtype="float32", max_num_seqs=rows, max_num_batched_tokens=rows)
     # The same model with a batch the host can hold passes the check.
     assert _config(model, dtype="float32", max_num_seqs=16, max_num_batched_tokens=128)
+
+
+def test_mamba_hybrid_with_prefix_caching_is_refused_by_name(config_only) -> None:
+    """Granite 4 hybrid runs (models package, test_granite_hybrid) with one state per
+    request: vLLM's per-block Mamba states for prefix caching are refused by name."""
+    expected = r"prefix caching with Mamba layers .*--no-enable-prefix-caching"
+    with pytest.raises(ValueError, match=expected):
+        _config(config_only["granite_hybrid"], enable_prefix_caching=True)
+    config = _config(config_only["granite_hybrid"], enable_prefix_caching=False)
+    # Mamba states need vLLM's hybrid KV-cache manager: kept on for this model.
+    assert config.scheduler_config.disable_hybrid_kv_cache_manager is False
+
+
+def test_mamba_architecture_not_verified_is_refused_by_name(config_only) -> None:
+    expected = (
+        r"MambaForCausalLM has Mamba \(state-space\) layers.*GraniteMoeHybridForCausalLM only"
+    )
+    with pytest.raises(ValueError, match=expected):
+        _config(config_only["mamba1"], enable_prefix_caching=False)
+
+
+def test_other_models_keep_one_kv_cache_group(tiny_llama) -> None:
+    """The platform reports hybrid KV-cache support for Mamba's sake; every other model
+    stays on one group, and asking for the hybrid manager there is refused."""
+    assert _config(tiny_llama).scheduler_config.disable_hybrid_kv_cache_manager is True
+    with pytest.raises(ValueError, match=r"--enable-hybrid-kv-cache-manager .*Mamba layers only"):
+        _config(tiny_llama, disable_hybrid_kv_cache_manager=False)

@@ -21,8 +21,9 @@ every architecture against vLLM's own model table, so an upstream rename (or a
 typo here) fails loudly instead of silently serving the unadapted class.
 
 :func:`register_models` also registers the out-of-tree MoE method
-(:mod:`spyre_inference.models.moe`), a layer swap rather than an architecture:
-every MoE model vLLM builds on this platform needs it.
+(:mod:`spyre_inference.models.moe`) and Mamba2 mixer
+(:mod:`spyre_inference.models.mamba2`), layer swaps rather than architectures:
+every MoE or Mamba2 model vLLM builds on this platform needs them.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ _ADAPTED_ARCHS: dict[str, str] = {
 }
 
 #: Layer swaps this package owns (imported, and so registered, by register_models).
-_LAYER_SWAP_MODULES = ("spyre_inference.models.moe",)
+_LAYER_SWAP_MODULES = ("spyre_inference.models.moe", "spyre_inference.models.mamba2")
 
 SPYRE_PREFIX = "Spyre"
 

@@ -143,6 +143,11 @@ class SpyreTransposedWeightMethod:
         # A freshly loaded [out, in] weight: the first load, or vLLM's
         # layerwise reload, which restores the checkpoint layout first.
         weight = layer.weight
+        if weight.dim() != 2:
+            # Not a GEMM operand: Mamba2's conv1d is built as a linear layer
+            # and reshaped to its [dim, 1, width] filter after construction
+            # (vLLM's MambaMixer2), and only that filter is ever read.
+            return
         out_features, _ = weight.shape
         weight_t = Parameter(self._transposed(weight.data), requires_grad=False)
         # Drop the loaded [out, in] parameter (its vLLM loader attributes

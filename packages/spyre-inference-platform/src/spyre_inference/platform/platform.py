@@ -20,6 +20,7 @@ from spyre_inference.platform import device as dev
 from spyre_inference.platform import (
     discovery,
     float16_models,
+    mamba_checks,
     serve_exit,
     settings,
     startup_checks,
@@ -163,7 +164,10 @@ class TorchSpyrePlatform(Platform):
 
     @classmethod
     def support_hybrid_kv_cache(cls) -> bool:
-        return False
+        # Mamba models need vLLM's hybrid KV-cache manager for their states;
+        # every other model is kept on one cache group in
+        # check_and_update_config (mamba_checks.choose_kv_cache_manager).
+        return True
 
     @classmethod
     def supports_structured_output(cls) -> bool:
@@ -276,6 +280,9 @@ class TorchSpyrePlatform(Platform):
         startup_checks.check_packages(vllm_config)
         startup_checks.run_package_checks(vllm_config)
         startup_checks.check_host_memory(vllm_config)
+        problem = mamba_checks.choose_kv_cache_manager(vllm_config)
+        if problem:
+            raise ConfigError(problem + ".")
         if parallel.worker_cls == "auto":
             parallel.worker_cls = WORKER_QUALNAME
         if parallel.distributed_executor_backend == "ray":

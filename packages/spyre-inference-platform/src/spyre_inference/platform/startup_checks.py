@@ -20,7 +20,14 @@ from __future__ import annotations
 import importlib.util
 from typing import TYPE_CHECKING
 
-from spyre_inference.platform import device, discovery, native_build, settings, stick_pad
+from spyre_inference.platform import (
+    device,
+    discovery,
+    mamba_checks,
+    native_build,
+    settings,
+    stick_pad,
+)
 from spyre_inference.platform.device import STICK_ELEMS
 
 if TYPE_CHECKING:
@@ -177,6 +184,7 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
             "spyre-inference-ops, which is not loaded: install it (and keep spyre_ops in "
             "VLLM_PLUGINS), or serve an unquantized bfloat16/float16/float32 checkpoint"
         )
+    problems.extend(mamba_checks.mamba_problems(vllm_config))
     if len(problems) == 1:
         raise ConfigError(problems[0] + ".")
     if problems:

@@ -18,6 +18,7 @@ from spyre_inference.testing.hf import (
     hf_greedy_with_logprobs,
     vllm_greedy_with_top_logprobs,
 )
+from spyre_inference.testing.inproc import compiled_graphs, inductor_calls, runner_of
 from spyre_inference.testing.models import (
     DEFAULT_DTYPE,
     KINDS,
@@ -49,9 +50,12 @@ __all__ = [
     "assert_greedy_top_k_close",
     "build_tiny_model",
     "build_tokenizer",
+    "compiled_graphs",
     "hf_cross_encoder_scores",
     "hf_greedy",
     "hf_greedy_with_logprobs",
+    "inductor_calls",
+    "runner_of",
     "save_tokenizer",
     "tiny_config",
     "vllm_greedy_with_top_logprobs",

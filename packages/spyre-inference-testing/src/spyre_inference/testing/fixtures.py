@@ -13,10 +13,11 @@ definition, so a model is never built twice in one process.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,7 @@ __all__ = [
     "get_tiny_model",
     "hf_greedy",
     "hf_greedy_with_logprobs",
+    "inproc_llm",
     "pytest_collection_modifyitems",
     "pytest_configure",
     "tiny_bert",
@@ -144,6 +146,56 @@ __all__ = [
     "tiny_qwen3_moe",
     "tiny_roberta",
 ]
+
+
+@pytest.fixture
+def inproc_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """``inproc_llm(model, buckets=..., granularity=..., **llm_kwargs)``: an in-process engine.
+
+    See :mod:`spyre_inference.testing.inproc` (the runner and torch's compile
+    counters are readable from the test). Defaults: float32, max_model_len
+    512, 8 sequences, 64 batched tokens, block granularity, the settings'
+    default buckets unless ``buckets`` names them.
+    """
+    import torch
+    import vllm.envs as vllm_envs
+    from torch._dynamo.utils import counters
+    from vllm import LLM
+
+    from spyre_inference.platform import settings
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    engines: list[Any] = []
+
+    def factory(
+        model: Path, *, buckets: str | None = None, granularity: str = "block", **kwargs: Any
+    ) -> Any:
+        if buckets is None:
+            monkeypatch.delenv("SPYRE_NUM_TOKENS_BUCKETS", raising=False)
+        else:
+            monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", buckets)
+        monkeypatch.setenv("SPYRE_COMPILE_GRANULARITY", granularity)
+        settings.reset_cache()
+        # An earlier in-process engine froze vLLM's environment cache.
+        vllm_envs.disable_envs_cache()
+        torch._dynamo.reset()
+        counters.clear()
+        kwargs.setdefault("max_model_len", 512)
+        kwargs.setdefault("max_num_seqs", 8)
+        kwargs.setdefault("max_num_batched_tokens", 64)
+        kwargs.setdefault("dtype", "float32")
+        llm = LLM(model=str(model), **kwargs)
+        engines.append(llm)
+        return llm
+
+    yield factory
+    for llm in engines:
+        llm.llm_engine.engine_core.shutdown()
+    engines.clear()
+    vllm_envs.disable_envs_cache()
+    settings.reset_cache()
+    torch._dynamo.reset()
+    gc.collect()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -249,6 +249,45 @@ KINDS: dict[str, TinyModelKind] = {
             },
         },
     ),
+    "granitemoehybrid": TinyModelKind(
+        "granitemoehybrid",
+        "GraniteMoeHybridForCausalLM",
+        "decoder",
+        {
+            **{k: v for k, v in _DECODER_COMMON.items() if k != "head_dim"},
+            "num_hidden_layers": 4,
+            # Granite 4's hybrid stack: Mamba2 mixers with one attention layer
+            # between them, no position embedding (Granite-4.0-H's "nope").
+            "layer_types": [
+                "linear_attention",
+                "full_attention",
+                "linear_attention",
+                "linear_attention",
+            ],
+            "position_embedding_type": None,
+            # Mamba2 sizes off the 64-element stick (head 32, state 48) and a
+            # scan chunk unlike the plugin's own. One group, as in Granite 4's
+            # checkpoints: with more, vLLM's gated norm normalises per group
+            # and transformers' over the whole width, so the two references
+            # disagree with each other.
+            "mamba_n_heads": 16,
+            "mamba_d_head": 32,
+            "mamba_d_state": 48,
+            "mamba_n_groups": 1,
+            "mamba_d_conv": 4,
+            "mamba_expand": 2,
+            "mamba_chunk_size": 128,
+            # Dense: the shared MLP alone (num_local_experts=4 makes the MoE variant).
+            "num_local_experts": 0,
+            "shared_intermediate_size": 320,
+            "intermediate_size": 160,
+            "embedding_multiplier": 6.0,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.2,
+            "logits_scaling": 2.5,
+        },
+        has_head_dim=False,
+    ),
     "bert": TinyModelKind(
         "bert", "BertModel", "encoder", _ENCODER_COMMON, has_head_dim=False, is_decoder=False
     ),

@@ -1,0 +1,296 @@
+"""Mamba2 mixers (Granite 4 hybrid stacks) without vLLM's compiled kernels.
+
+vLLM's ``MambaMixer2`` runs its causal conv1d and its state-space scan through
+Triton kernels, or, when ``current_platform.is_cpu()``, through ``vllm._C``
+CPU kernels; this platform has neither (vLLM is built with
+``VLLM_TARGET_DEVICE=empty``). :class:`SpyreMambaMixer2` replaces the layer
+(``PluggableLayer.register_oot``, vLLM's documented swap for whole layers) and
+keeps everything of it but the conv + scan step, which it computes in PyTorch:
+
+* **prefill** (per sequence, the spec's host-driven loop as for attention): the
+  causal conv1d over the sequence and its carried conv state, then the SSD
+  *chunked* scan: within a chunk of :data:`CHUNK` tokens (one 64-element
+  stick) the output is a masked ``[chunk, chunk]`` matrix product, and only
+  the per-chunk states are carried from chunk to chunk; no token-by-token
+  loop. The sequence is zero-padded to whole chunks, with ``dt = 0`` on the
+  padding, which makes a padding token neither write nor decay the state.
+* **decode** (all decodes at once): one recurrent step of the conv window
+  and of the state, gathered and scattered at the requests' state slots.
+
+The states live where vLLM's hybrid KV-cache manager puts them (``MambaSpec``
+pages, through the runner's KV-cache allocation): ``kv_cache[0]`` the conv
+state, ``kv_cache[1]`` the SSM state ``[slots, heads, head_dim, d_state]``.
+Slot indices are host integers and the whole step runs inside vLLM's opaque
+``mamba_mixer2`` op, like attention inside its own: the block graph around it
+(in/out projections, gated norm) compiles as usual.
+
+The arithmetic is the Mamba2 recurrence (per head ``h``, with
+``dt = softplus(dt_raw + dt_bias)`` and ``A = -exp(A_log)``)::
+
+    state = exp(dt * A) * state + dt * x (outer) B
+    y     = state . C + D * x
+
+in float32, the states stored back in their cache dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+
+from spyre_inference.models._oot import register_swap
+from spyre_inference.platform.logs import get_logger
+
+logger = get_logger(__name__)
+
+#: Tokens per chunk of the prefill scan: one 64-element stick, so the chunk's
+#: ``[chunk, chunk]`` decay and score matrices are stick-aligned on the card.
+CHUNK = 64
+
+
+def _dt(dt_raw: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+    """``softplus(dt + dt_bias)`` in float32 (vLLM's ``dt_softplus=True``, no limit)."""
+    return F.softplus(dt_raw.float() + dt_bias.float())
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    state: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Depthwise causal conv + SiLU of one sequence.
+
+    Args:
+        x: ``[T, dim]`` the sequence's conv input.
+        weight: ``[dim, width]``.
+        state: ``[dim, width - 1]`` the inputs before ``x`` (None: zeros, a new
+            sequence).
+
+    Returns:
+        ``([T, dim]`` output, ``[dim, width - 1]`` the state after ``x``).
+    """
+    dim, width = weight.shape
+    if state is None:
+        state = x.new_zeros(dim, width - 1)
+    window = torch.cat((state.to(x.dtype), x.t()), dim=1)  # [dim, width - 1 + T]
+    out = F.conv1d(
+        window.unsqueeze(0).float(),
+        weight.unsqueeze(1).float(),
+        None if bias is None else bias.float(),
+        groups=dim,
+    )[0]
+    return F.silu(out).t(), window[:, window.shape[1] - (width - 1) :]
+
+
+def ssd_scan(
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+    state: torch.Tensor | None,
+    chunk: int = CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The Mamba2 scan of one sequence, chunk by chunk (SSD form).
+
+    Args:
+        x: ``[T, H, P]``; dt: ``[T, H]`` after softplus; A, D: ``[H]``.
+        B, C: ``[T, G, N]`` (heads ``g * H // G ..`` read group ``g``).
+        state: ``[H, P, N]`` before the sequence, or None (zeros).
+
+    Returns:
+        ``([T, H, P]`` float32 output, ``[H, P, N]`` float32 final state).
+    """
+    T, H, P = x.shape
+    G, N = B.shape[1], B.shape[2]
+    nc = -(-T // chunk)
+    pad = nc * chunk - T
+    xf, dtf = x.float(), dt.float()
+    Bf = B.float().repeat_interleave(H // G, dim=1)  # [T, H, N]
+    Cf = C.float().repeat_interleave(H // G, dim=1)
+    if pad:
+        # dt = 0 on padding: no input written, decay exp(0) = 1 (state kept).
+        xf, dtf, Bf, Cf = (F.pad(t, (0,) * (2 * t.dim() - 1) + (pad,)) for t in (xf, dtf, Bf, Cf))
+    xc = xf.view(nc, chunk, H, P)
+    Bc = Bf.view(nc, chunk, H, N)
+    Cc = Cf.view(nc, chunk, H, N)
+    a = (dtf * A.float()).view(nc, chunk, H).transpose(1, 2)  # [nc, H, chunk] log-decay
+    acum = torch.cumsum(a, dim=-1)
+    # decay[c, h, t, s] = exp(acum[t] - acum[s]) for s <= t, else 0.
+    causal = torch.ones(chunk, chunk, dtype=torch.bool).tril()
+    seg = acum.unsqueeze(-1) - acum.unsqueeze(-2)
+    decay = torch.exp(seg.masked_fill(~causal, float("-inf")))
+    xdt = xc * dtf.view(nc, chunk, H, 1)  # dt_s * x_s
+    # Within a chunk: y_t = sum_s decay[t, s] (C_t . B_s) dt_s x_s.
+    scores = torch.einsum("cthn,cshn->chts", Cc, Bc) * decay
+    y = torch.einsum("chts,cshp->cthp", scores, xdt)
+    # Each chunk's own contribution to the state at its end.
+    to_end = torch.exp(acum[..., -1:] - acum)  # [nc, H, chunk]
+    chunk_states = torch.einsum("chs,cshp,cshn->chpn", to_end, xdt, Bc)
+    # Carry the state over chunks: the only sequential part, nc steps.
+    carried = x.new_zeros(H, P, N, dtype=torch.float32) if state is None else state.float()
+    chunk_decay = torch.exp(acum[..., -1])  # [nc, H]
+    starts = []
+    for c in range(nc):
+        starts.append(carried)
+        carried = carried * chunk_decay[c].view(H, 1, 1) + chunk_states[c]
+    start = torch.stack(starts)  # [nc, H, P, N] state entering each chunk
+    # From the carried state: y_t += exp(acum[t]) C_t . state_in.
+    y = y + torch.einsum("cthn,chpn->cthp", Cc, start) * torch.exp(acum).transpose(1, 2).unsqueeze(
+        -1
+    )
+    y = y.reshape(nc * chunk, H, P)[:T] + xf[:T] * D.float().view(1, H, 1)
+    return y, carried
+
+
+def ssd_step(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One recurrent step of ``S`` sequences: ``state [S, H, P, N]``, ``x [S, H, P]``,
+    ``dt [S, H]``, ``B``/``C`` ``[S, G, N]``; returns ``(y [S, H, P], new state)``, float32."""
+    H = x.shape[1]
+    G = B.shape[1]
+    Bh = B.float().repeat_interleave(H // G, dim=1)  # [S, H, N]
+    Ch = C.float().repeat_interleave(H // G, dim=1)
+    dtf = dt.float()
+    decay = torch.exp(dtf * A.float()).view(*dtf.shape, 1, 1)
+    new = state.float() * decay + (x.float() * dtf.unsqueeze(-1)).unsqueeze(-1) * Bh.unsqueeze(2)
+    y = torch.einsum("shpn,shn->shp", new, Ch) + x.float() * D.float().view(1, H, 1)
+    return y, new
+
+
+def _host_ints(t: torch.Tensor | None) -> list[int]:
+    return [] if t is None else [int(v) for v in t.reshape(-1).tolist()]
+
+
+class SpyreMambaMixer2(MambaMixer2):
+    """``MambaMixer2`` with its conv + scan step in PyTorch (see the module docstring)."""
+
+    def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
+        forward_context = get_forward_context()
+        metadata_by_layer = forward_context.attn_metadata
+        md: Any = None
+        if isinstance(metadata_by_layer, dict):
+            md = metadata_by_layer.get(self.prefix)
+        if md is None:
+            # A dummy or warm-up run without metadata: vLLM's own path would
+            # autotune Triton kernels here. The output rows are defined (zero)
+            # so the block graph after this op sees finite values.
+            output.zero_()
+            return
+        if self.num_spec:
+            raise NotImplementedError("speculative decoding with Mamba layers is not supported")
+        if getattr(md, "checkpoint_chunk_idx", None) is not None:
+            raise NotImplementedError("Mamba prefix-caching checkpoints are not supported")
+
+        tp_inter = self.tped_intermediate_size
+        xbc, dt_raw = torch.split(
+            projected_states[..., tp_inter:], [self.tped_conv_size, self.tped_dt_size], dim=-1
+        )
+        conv_state = self.kv_cache[0]
+        if conv_state.shape[-1] != self.conv_kernel_size - 1:
+            # vLLM stores it (slot, width - 1, dim) unless dim-first is configured.
+            conv_state = conv_state.transpose(-1, -2)
+        ssm_state = self.kv_cache[1]
+        weight = self.conv_weights
+        bias = self.conv1d.bias
+        heads = self.num_heads // self.tp_size
+        groups = self.n_groups // self.tp_size
+        inter, gstate = self.tped_intermediate_size, self.groups_ssm_state_size // self.tp_size
+
+        num_d, num_p = md.num_decode_tokens, md.num_prefill_tokens
+        actual = num_d + num_p
+
+        def split_xbc(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            xs, b, c = torch.split(t, [inter, gstate, gstate], dim=-1)
+            n = t.shape[0]
+            return xs.view(n, heads, self.head_dim), b.view(n, groups, -1), c.view(n, groups, -1)
+
+        if num_d:
+            slots = _host_ints(md.state_indices_tensor_d)[: md.num_decodes]
+            if len(slots) != num_d:
+                raise NotImplementedError("Mamba decode steps of more than one token")
+            index = torch.tensor(slots, dtype=torch.int64, device=conv_state.device)
+            # Conv: the window is the stored width-1 inputs plus this token.
+            window = torch.cat(
+                (conv_state.index_select(0, index).to(xbc.dtype), xbc[:num_d].unsqueeze(-1)),
+                dim=-1,
+            )  # [S, dim, width]
+            conv = (window.float() * weight.float()).sum(-1)
+            if bias is not None:
+                conv = conv + bias.float()
+            conv_state.index_copy_(0, index, window[..., 1:].to(conv_state.dtype))
+            xs, b, c = split_xbc(F.silu(conv))
+            y, new = ssd_step(
+                ssm_state.index_select(0, index),
+                xs,
+                _dt(dt_raw[:num_d], self.dt_bias),
+                self.A,
+                b,
+                c,
+                self.D,
+            )
+            ssm_state.index_copy_(0, index, new.to(ssm_state.dtype))
+            output[:num_d].copy_(y.reshape(num_d, -1))
+
+        if num_p:
+            starts = _host_ints(md.query_start_loc_p)
+            slots = _host_ints(md.state_indices_tensor_p)
+            initial = (
+                [bool(v) for v in md.has_initial_states_p.tolist()]
+                if md.has_initial_states_p is not None
+                else [False] * len(slots)
+            )
+            for i, slot in enumerate(slots):
+                lo, hi = num_d + starts[i], num_d + starts[i + 1]
+                if hi == lo:
+                    continue
+                conv_in = conv_state[slot] if initial[i] else None
+                conv_out, conv_after = causal_conv1d(xbc[lo:hi], weight, bias, conv_in)
+                conv_state[slot].copy_(conv_after.to(conv_state.dtype))
+                xs, b, c = split_xbc(conv_out)
+                y, final = ssd_scan(
+                    xs,
+                    _dt(dt_raw[lo:hi], self.dt_bias),
+                    self.A,
+                    b,
+                    c,
+                    self.D,
+                    ssm_state[slot] if initial[i] else None,
+                )
+                ssm_state[slot].copy_(final.to(ssm_state.dtype))
+                output[lo:hi].copy_(y.reshape(hi - lo, -1))
+
+        if actual < output.shape[0]:
+            # Padding rows of the step's bucket: zero, not left uninitialised
+            # (they flow on into K/V written to the null block).
+            output[actual:].zero_()
+
+
+def ensure_registered() -> None:
+    """Make vLLM build :class:`SpyreMambaMixer2` wherever it builds ``MambaMixer2`` (idempotent)."""
+    register_swap(MambaMixer2, SpyreMambaMixer2)
+
+
+ensure_registered()
+
+__all__ = [
+    "CHUNK",
+    "SpyreMambaMixer2",
+    "causal_conv1d",
+    "ensure_registered",
+    "ssd_scan",
+    "ssd_step",
+]
