@@ -98,6 +98,13 @@ def test_quantization_is_refused_on_the_card_path_before_the_engine(tiny_llama) 
         LLM(str(tiny_llama), quantization="fp8", **ENGINE)
 
 
+def test_mamba_is_refused_on_the_card_path_before_the_engine(tiny_model_factory) -> None:
+    """Granite 4 hybrid's Mamba2 mixers have run on the cpu target only."""
+    model = tiny_model_factory("granitemoehybrid")
+    with pytest.raises(ValueError, match=r"Mamba2 layers have been verified on the cpu target"):
+        LLM(str(model), enable_prefix_caching=False, **ENGINE)
+
+
 def test_int8_vocab_is_refused_on_the_card_path_before_the_engine(tiny_llama, monkeypatch) -> None:
     """SPYRE_CPU_INT8_VOCAB is a cpu-target option (INT8 GEMMs, integer tensors)."""
     from spyre_inference.platform import settings
