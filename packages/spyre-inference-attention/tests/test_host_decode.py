@@ -241,3 +241,39 @@ def test_store_and_decode_refuses_keys_of_another_dtype():
         host_decode.store_and_decode(
             q, k, k, torch.tensor([5]), pages, block_ids, mask, 0.125, torch.empty(1, 4, 64)
         )
+
+
+@pytest.fixture
+def restore_isa():
+    yield
+    from spyre_inference.platform import device as dev
+
+    dev.reset_for_tests()
+    host_decode.reset_for_tests()
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_each_isa_build_matches_float64(monkeypatch, restore_isa, isa):
+    """SPYRE_CPU_ISA forces a build of the kernel: it is the one loaded, within float32
+    rounding of the float64 reference on every head layout (G of 1 to 8 heads, head
+    sizes 8 to 128, one that is not a multiple of 16), with sinks, in every dtype."""
+    from spyre_inference.platform import device as dev
+    from spyre_inference.platform.native_build import AVX512_CPU_FLAGS, cpu_flags
+
+    if isa == "avx512" and not set(AVX512_CPU_FLAGS) <= cpu_flags():
+        pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ")
+    monkeypatch.setenv("SPYRE_CPU_ISA", isa)
+    dev.reset_for_tests()
+    host_decode.reset_for_tests()
+    assert host_decode.kernel_isa() == isa
+    block_size = 64
+    for num_heads, kv_heads, head in ((4, 4, 64), (9, 3, 64), (8, 1, 128), (4, 2, 8), (12, 2, 24)):
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            pages = _pages(40, block_size, kv_heads, head, dtype, seed=head)
+            block_ids, mask = _case(4, 5, block_size, 40, [300, 1, 129, 64])
+            q = torch.randn(4, num_heads, head).to(dtype)
+            sinks = torch.randn(num_heads)
+            got = host_decode.paged_decode(q, pages, block_ids, mask, head**-0.5, sinks=sinks)
+            want = _reference(q, pages, block_ids, mask, head**-0.5, sinks)
+            vmax = pages[..., head:].abs().max().double()
+            torch.testing.assert_close(got.double(), want, atol=1e-5 * vmax, rtol=0)

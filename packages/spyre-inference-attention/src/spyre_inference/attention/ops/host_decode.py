@@ -55,8 +55,11 @@ def as_graph_call(what: str) -> contextlib.AbstractContextManager[Any]:
     return contextlib.nullcontext()
 
 
-#: Instruction sets ``csrc/paged_decode.c`` has builds for.
-ISAS = ("avx2",)
+#: Instruction sets ``csrc/paged_decode.c`` has builds for (chosen once per
+#: process by ``native_build.select_isa``, ``SPYRE_CPU_ISA`` forces one): the
+#: AVX-512 build widens each 16-bit K/V row once for all of a KV head's query
+#: heads, 16 lanes at a time; the AVX2 build once per head, 8 at a time.
+ISAS = ("avx512", "avx2")
 
 _calls = 0
 
@@ -116,6 +119,11 @@ def _library_or_error() -> ctypes.CDLL | str:
     lib.spyre_isa = isa
     logger.info("cpu target: decode-attention kernel, %s build, loaded from %s", isa, lib._name)
     return lib
+
+
+def reset_for_tests() -> None:
+    """Forget the loaded build (tests that force ``SPYRE_CPU_ISA`` load another)."""
+    _library_or_error.cache_clear()
 
 
 def kernel_isa() -> str | None:
@@ -333,6 +341,7 @@ __all__ = [
     "as_graph_call",
     "calls",
     "paged_decode",
+    "reset_for_tests",
     "store_and_decode",
     "unavailable_reason",
 ]

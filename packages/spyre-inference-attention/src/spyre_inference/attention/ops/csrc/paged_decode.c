@@ -47,8 +47,9 @@
  *            offset slots[t]%BS) before attention; kv_tokens 0 stores nothing
  * Requires D % 8 == 0 and H % KVH == 0 (checked by the caller).
  *
- * Built with -O3 -mavx2 -mfma -mf16c -fopenmp; OpenMP resolves to the libgomp
- * torch already loaded, so there is one thread pool. */
+ * Built with -O3 -mavx2 -mfma -mf16c -fopenmp, and again with AVX-512 F/BW/VL/DQ
+ * (attend512 below); OpenMP resolves to the libgomp torch already loaded, so
+ * there is one thread pool. */
 #include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
@@ -139,7 +140,7 @@ static inline __attribute__((always_inline)) __m128 dot4(const char *const *rows
     return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-/* out[0:8*NB] = sum_j p[j] * V_j[d0:d0+8*NB] * inv, NB registers of sums. */
+/* out[0:8*NB] = sum_j p[j] * V_j[d0:d0+8*NB] * ig, NB registers of sums. */
 #define PV_BLOCK(NB)                                                                   \
     do {                                                                               \
         __m256 acc[NB];                                                                \
@@ -151,9 +152,37 @@ static inline __attribute__((always_inline)) __m128 dot4(const char *const *rows
                 acc[b] = _mm256_fmadd_ps(pj, load8(v, 8 * b, kind), acc[b]);           \
         }                                                                              \
         for (int b = 0; b < NB; b++)                                                   \
-            _mm256_storeu_ps(og + d0 + 8 * b, _mm256_mul_ps(acc[b], _mm256_set1_ps(inv))); \
+            _mm256_storeu_ps(og + d0 + 8 * b, _mm256_mul_ps(acc[b], _mm256_set1_ps(ig))); \
         d0 += 8 * NB;                                                                  \
     } while (0)
+
+/* Each head's scores p = sc[g][0:n8] (padded with -inf to n8) turned into
+ * exp(p - max) in place, and inv[g] = 1 / (sum + exp(sink - max)). */
+static inline void softmax_heads(float *sc, long n, long n8, long G, const float *sk, float *inv) {
+    for (long g = 0; g < G; g++) {
+        float *p = sc + g * n8;
+        for (long t = n; t < n8; t++) p[t] = -INFINITY; /* exp8 -> 0 */
+        if (n == 0) {
+            inv[g] = 0.f;
+            continue;
+        }
+        __m256 m8 = _mm256_set1_ps(-INFINITY);
+        for (long t = 0; t < n8; t += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(p + t));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float mxs = _mm_cvtss_f32(m4);
+        if (sk && sk[g] > mxs) mxs = sk[g];
+        __m256 mx = _mm256_set1_ps(mxs);
+        __m256 s8 = _mm256_setzero_ps();
+        for (long t = 0; t < n8; t += 8) {
+            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mx));
+            _mm256_storeu_ps(p + t, e);
+            s8 = _mm256_add_ps(s8, e);
+        }
+        inv[g] = 1.f / (hsum(s8) + (sk ? expf(sk[g] - mxs) : 0.f));
+    }
+}
 
 /* One (sequence, KV head) over its n unmasked key rows (rows[j] points at a
  * K|V row, mv[j] is its mask value): scores in sc[G][n8], outputs os[G][D];
@@ -185,35 +214,98 @@ static inline __attribute__((always_inline)) void attend(
                 acc = _mm256_fmadd_ps(load8(rows[j], d, kind), _mm256_loadu_ps(qs + g * D + d), acc);
             sc[g * n8 + j] = hsum(acc) * scale + mv[j];
         }
+    float inv[64];
+    softmax_heads(sc, n, n8, G, sk, inv);
     for (long g = 0; g < G; g++) {
-        float *p = sc + g * n8;
+        const float *p = sc + g * n8;
         float *og = os + g * D;
-        for (long t = n; t < n8; t++) p[t] = -INFINITY; /* exp8 -> 0 */
         if (n == 0) {
             for (long d = 0; d < D; d++) og[d] = 0.f;
             continue;
         }
-        __m256 m8 = _mm256_set1_ps(-INFINITY);
-        for (long t = 0; t < n8; t += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(p + t));
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        float mxs = _mm_cvtss_f32(m4);
-        if (sk && sk[g] > mxs) mxs = sk[g];
-        __m256 mx = _mm256_set1_ps(mxs);
-        __m256 s8 = _mm256_setzero_ps();
-        for (long t = 0; t < n8; t += 8) {
-            __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + t), mx));
-            _mm256_storeu_ps(p + t, e);
-            s8 = _mm256_add_ps(s8, e);
-        }
-        const float inv = 1.f / (hsum(s8) + (sk ? expf(sk[g] - mxs) : 0.f));
+        const float ig = inv[g];
         long d0 = 0;
         while (D - d0 >= 64) PV_BLOCK(8);
         while (D - d0 >= 32) PV_BLOCK(4);
         while (D - d0 >= 8) PV_BLOCK(1);
     }
 }
+
+#if defined(__AVX512F__)
+/* The AVX-512 build (SPYRE_CPU_ISA=avx512, or auto on a CPU with AVX-512):
+ * 16 lanes, and each 16-bit K and V row widened once for all the group's
+ * heads instead of once per head (the AVX2 form converts a row G times: at
+ * G = 3 the conversions were half its instructions). Heads are taken GB at a
+ * time for the scores and 4 at a time, over 64 values of V, for P V, so the
+ * accumulators stay in registers (32 zmm). Same float32 arithmetic as the
+ * AVX2 form, in another summation order. */
+static inline __attribute__((always_inline)) __m512 load16(const void *base, long i, int kind) {
+    if (kind == KIND_F32) return _mm512_loadu_ps((const float *)base + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i));
+    if (kind == KIND_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+enum { GB = 8, PV_HEADS = 4, PV_CHUNKS = 4 };
+
+static inline __attribute__((always_inline)) void attend512(
+    int kind, const float *qs, long G, long D, long esize, const char *const *rows, const float *mv,
+    long n, float scale, const float *sk, float *sc, float *os) {
+    const long n8 = (n + 7) & ~7L;
+    const long row_bytes = 2 * D * esize;
+    for (long j = 0; j < n; j++) {
+        /* Cold, scattered rows: prefetch ahead (see attend). */
+        if (j + PREFETCH_ROWS < n)
+            for (long b = 0; b < row_bytes; b += 64) _mm_prefetch(rows[j + PREFETCH_ROWS] + b, _MM_HINT_T0);
+        for (long g0 = 0; g0 < G; g0 += GB) {
+            const long gb = G - g0 < GB ? G - g0 : GB;
+            __m512 acc[GB];
+            for (int g = 0; g < GB; g++) acc[g] = _mm512_setzero_ps();
+            for (long d = 0; d < D; d += 16) {
+                const __m512 k = load16(rows[j], d, kind);
+                for (int g = 0; g < GB; g++)
+                    if (g < gb) acc[g] = _mm512_fmadd_ps(k, _mm512_loadu_ps(qs + (g0 + g) * D + d), acc[g]);
+            }
+            for (int g = 0; g < GB; g++)
+                if (g < gb) sc[(g0 + g) * n8 + j] = _mm512_reduce_add_ps(acc[g]) * scale + mv[j];
+        }
+    }
+    float inv[64];
+    softmax_heads(sc, n, n8, G, sk, inv);
+    if (n == 0) {
+        for (long d = 0; d < G * D; d++) os[d] = 0.f;
+        return;
+    }
+    for (long d0 = 0; d0 < D; d0 += 16 * PV_CHUNKS) {
+        const long nd = (D - d0) / 16 < PV_CHUNKS ? (D - d0) / 16 : PV_CHUNKS;
+        for (long g0 = 0; g0 < G; g0 += PV_HEADS) {
+            const long gb = G - g0 < PV_HEADS ? G - g0 : PV_HEADS;
+            __m512 acc[PV_HEADS][PV_CHUNKS];
+            for (int g = 0; g < PV_HEADS; g++)
+                for (int b = 0; b < PV_CHUNKS; b++) acc[g][b] = _mm512_setzero_ps();
+            for (long j = 0; j < n; j++) {
+                const char *v = rows[j] + D * esize;
+                __m512 vv[PV_CHUNKS];
+                for (int b = 0; b < PV_CHUNKS; b++)
+                    if (b < nd) vv[b] = load16(v, d0 + 16 * b, kind);
+                for (int g = 0; g < PV_HEADS; g++) {
+                    if (g >= gb) continue;
+                    const __m512 pj = _mm512_set1_ps(sc[(g0 + g) * n8 + j]);
+                    for (int b = 0; b < PV_CHUNKS; b++)
+                        if (b < nd) acc[g][b] = _mm512_fmadd_ps(pj, vv[b], acc[g][b]);
+                }
+            }
+            for (int g = 0; g < PV_HEADS; g++) {
+                if (g >= gb) continue;
+                const __m512 iv = _mm512_set1_ps(inv[g0 + g]);
+                for (int b = 0; b < PV_CHUNKS; b++)
+                    if (b < nd)
+                        _mm512_storeu_ps(os + (g0 + g) * D + d0 + 16 * b, _mm512_mul_ps(acc[g][b], iv));
+            }
+        }
+    }
+}
+#endif
 
 static inline long kind_size(int kind) { return kind == KIND_F32 ? 4 : 2; }
 
@@ -286,15 +378,24 @@ int spyre_paged_decode(const void *q, int q_kind, long q_row, long q_head, long 
                     for (long d = 0; d < D; d += 8) _mm256_storeu_ps(qs + g * D + d, load8(qg, d, q_kind));
                 }
                 const float *sk = sinks ? sinks + h * G : NULL;
+#if defined(__AVX512F__)
+#define ATTEND(K)                                                                  \
+    do {                                                                           \
+        if (D % 16 == 0) attend512(K, qs, G, D, esize, rows, mv, n, scale, sk, sc, os); \
+        else attend(K, qs, G, D, esize, rows, mv, n, scale, sk, sc, os);            \
+    } while (0)
+#else
+#define ATTEND(K) attend(K, qs, G, D, esize, rows, mv, n, scale, sk, sc, os)
+#endif
                 switch (kind) {
                     case KIND_BF16:
-                        attend(KIND_BF16, qs, G, D, esize, rows, mv, n, scale, sk, sc, os);
+                        ATTEND(KIND_BF16);
                         break;
                     case KIND_F16:
-                        attend(KIND_F16, qs, G, D, esize, rows, mv, n, scale, sk, sc, os);
+                        ATTEND(KIND_F16);
                         break;
                     default:
-                        attend(KIND_F32, qs, G, D, esize, rows, mv, n, scale, sk, sc, os);
+                        ATTEND(KIND_F32);
                 }
                 for (long g = 0; g < G; g++) {
                     char *og = (char *)out + (s * out_row + (h * G + g) * out_head) * o_size;
