@@ -6,9 +6,11 @@ the host kernel's AVX2 or AVX-512 build, float32 weight copies with torch's
 GEMM, or, where the CPU has the instructions, oneDNN on weights prepacked at
 load (``SPYRE_CPU_GEMM_PACK``) or torch's bfloat16 matmul. Each is
 forced here with its setting on the same tiny bfloat16 Llama and checked in the
-engine process (the layers' state, the loaded build). The two kernel builds run
-the same FMA chains, so their tokens are identical; every path is close to
-float32 Hugging Face transformers (divergence only at a reference near-tie).
+engine process (the layers' state, the loaded build). ``SPYRE_CPU_ISA`` also
+picks the build of the decode-attention kernel, checked likewise. The two GEMM
+kernel builds run the same FMA chains and the two attention builds differ only
+in float32 summation order, so their tokens are identical; every path is close
+to float32 Hugging Face transformers (divergence only at a reference near-tie).
 """
 
 from __future__ import annotations
@@ -81,6 +83,13 @@ def _gemm_state(model) -> set[str]:
     return states
 
 
+def _attention_isa(model) -> str | None:
+    """The decode-attention kernel build loaded in the engine (SPYRE_CPU_ISA picks it too)."""
+    from spyre_inference.attention.ops import host_decode
+
+    return host_decode.kernel_isa()
+
+
 def _packed_op_routes(model) -> tuple[str, int]:
     """(the packed op's CPU kernel, rows it sends to the host kernel) in the engine."""
     from spyre_inference.ops import onednn_linear
@@ -116,6 +125,10 @@ def test_forced_gemm_path_serves_close_to_hf(path, reference, make_llm, monkeypa
     llm = make_llm(model, dtype="bfloat16", enforce_eager=True)
     (state,) = llm.apply_model(_gemm_state)
     assert state == {expected}
+    if path.startswith("kernel-"):
+        # The forced ISA also selects the decode-attention kernel's build.
+        (attention_isa,) = llm.apply_model(_attention_isa)
+        assert attention_isa == settings["SPYRE_CPU_ISA"]
     if path == "onednn-host-rows":
         (routes,) = llm.apply_model(_packed_op_routes)
         if routes[0] != "native":
