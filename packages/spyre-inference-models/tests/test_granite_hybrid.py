@@ -49,7 +49,8 @@ def test_granite_hybrid_greedy_equals_hf(tiny_model_factory, make_llm, experts) 
     _check_greedy(llm, model)
 
 
-def test_granite_hybrid_graphs_do_not_grow_with_depth(tiny_model_factory, inproc_llm) -> None:
+@pytest.mark.parametrize("experts", [0, 4], ids=["dense", "moe"])
+def test_granite_hybrid_graphs_do_not_grow_with_depth(tiny_model_factory, inproc_llm, experts):
     """The same block graphs for 4 and 8 layers (one per layer class and position variant)."""
     seen = {}
     for layers in (4, 8):
@@ -58,6 +59,7 @@ def test_granite_hybrid_graphs_do_not_grow_with_depth(tiny_model_factory, inproc
             "granitemoehybrid",
             num_hidden_layers=layers,
             layer_types=(types * 2)[:layers],
+            num_local_experts=experts,
         )
         llm = inproc_llm(model, buckets="16,64", enable_prefix_caching=False)
         runner = runner_of(llm)
