@@ -236,9 +236,10 @@ SETTINGS: tuple[Setting, ...] = (
         "SPYRE_CPU_ISA",
         "auto",
         "cpu target: the instruction set the plugin's host kernels are built for. `auto` "
-        "takes the widest this CPU runs and the kernel has a build for (the host GEMM: "
-        "`avx512` on CPUs with AVX-512 F/BW/VL/DQ, else `avx2`); a named one is used or the "
-        "kernel is unavailable (never a silent fallback). Every build gives the same results.",
+        "takes the widest this CPU runs and the kernel has a build for (the host GEMM and the "
+        "decode-attention kernel: `avx512` on CPUs with AVX-512 F/BW/VL/DQ, else `avx2`); a "
+        "named one is used or the kernel is unavailable (never a silent fallback). The GEMM "
+        "builds give identical bits; the attention builds agree to float32 rounding.",
         choices=("auto", "avx2", "avx512"),
     ),
     Setting(
