@@ -422,6 +422,12 @@ def test_mamba_hybrid_with_prefix_caching_is_refused_by_name(config_only) -> Non
     assert config.scheduler_config.disable_hybrid_kv_cache_manager is False
 
 
+def test_mamba_with_tensor_parallelism_is_refused_by_name(config_only) -> None:
+    expected = r"tensor/pipeline parallelism with Mamba layers .*serve .* on one rank"
+    with pytest.raises(ValueError, match=expected):
+        _config(config_only["granite_hybrid"], enable_prefix_caching=False, tensor_parallel_size=2)
+
+
 def test_mamba_architecture_not_verified_is_refused_by_name(config_only) -> None:
     expected = (
         r"MambaForCausalLM has Mamba \(state-space\) layers.*GraniteMoeHybridForCausalLM only"

@@ -62,6 +62,14 @@ def mamba_problems(vllm_config: VllmConfig) -> list[str]:
             "mixers keep one state per request, not per cached block. Pass "
             "--no-enable-prefix-caching (enable_prefix_caching=False)"
         )
+    parallel = vllm_config.parallel_config
+    if parallel.tensor_parallel_size > 1 or parallel.pipeline_parallel_size > 1:
+        problems.append(
+            f"tensor/pipeline parallelism with Mamba layers (--tensor-parallel-size "
+            f"{parallel.tensor_parallel_size}, --pipeline-parallel-size "
+            f"{parallel.pipeline_parallel_size}) has not been verified: serve {name} on one "
+            "rank"
+        )
     if vllm_config.speculative_config is not None:
         problems.append(
             "speculative decoding with Mamba layers is not supported (the mixers take one "
