@@ -98,11 +98,52 @@ def test_quantization_is_refused_on_the_card_path_before_the_engine(tiny_llama) 
         LLM(str(tiny_llama), quantization="fp8", **ENGINE)
 
 
-def test_mamba_is_refused_on_the_card_path_before_the_engine(tiny_model_factory) -> None:
-    """Granite 4 hybrid's Mamba2 mixers have run on the cpu target only."""
-    model = tiny_model_factory("granitemoehybrid")
-    with pytest.raises(ValueError, match=r"Mamba2 layers have been verified on the cpu target"):
-        LLM(str(model), enable_prefix_caching=False, **ENGINE)
+def _mamba_states(model: torch.nn.Module) -> list[tuple[str, str, torch.dtype]]:
+    return [
+        (type(m).__name__, t.device.type, t.dtype)
+        for m in model.modules()
+        if "Mamba" in type(m).__name__ and isinstance(getattr(m, "kv_cache", None), tuple)
+        for t in m.kv_cache
+    ]
+
+
+@pytest.mark.parametrize("experts", [0, 4], ids=["dense", "moe"])
+def test_granite_hybrid_greedy_close_to_transformers_float16(
+    tiny_model_factory, in_process, experts
+) -> None:
+    """Granite 4 hybrid on the card path: the Mamba2 states live on the device
+    (vLLM's hybrid KV-cache pages, allocated there like the KV cache), the mixer
+    computes in float16 with no bool or integer compute on the device, and long
+    prompts are prefilled in chunks that carry the conv and SSM states."""
+    from spyre_inference.attention.ops import compiled
+
+    model = tiny_model_factory("granitemoehybrid", num_local_experts=experts)
+    prompts = [*TEST_PROMPTS[:3], TEST_PROMPTS[7], TEST_PROMPTS[9]]
+    llm = LLM(str(model), enable_prefix_caching=False, **ENGINE)
+    try:
+        runner = _runner(llm)
+        (states,) = llm.apply_model(_mamba_states)
+        # Every mixer holds its conv and SSM states as float16 views of the
+        # card's KV-cache allocation.
+        assert len(states) == 2 * 3, states
+        assert set(states) == {("SpyreMambaMixer2", "spyre", torch.float16)}, states
+        caches = [t for t in runner.kv_caches if t.dtype.is_floating_point]
+        assert caches and all(t.device.type == "spyre" for t in caches)
+        lazy = compiled.stats.lazy
+        before = emulated_card.transfer_counts()
+        home = (dev.transfers.h2d, dev.transfers.d2h)
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        assert compiled.stats.lazy == lazy
+        after = emulated_card.transfer_counts()
+        moved = (after[0] - before[0], after[1] - before[1])
+        assert moved == (dev.transfers.h2d - home[0], dev.transfers.d2h - home[1])
+    finally:
+        _shutdown(llm)
+    assert max(len(p) for p in prompts) > 2 * ENGINE["max_num_batched_tokens"]
+    reference = hf_greedy_with_logprobs(model, prompts, MAX_TOKENS, torch.float32)
+    exact = assert_greedy_close(reference, got)
+    print(f"\nGranite hybrid emulated float16: {exact}/{len(prompts)} identical to HF float32")
 
 
 def test_int8_vocab_is_refused_on_the_card_path_before_the_engine(tiny_llama, monkeypatch) -> None:

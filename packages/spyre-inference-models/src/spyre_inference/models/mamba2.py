@@ -30,11 +30,23 @@ The arithmetic is the Mamba2 recurrence (per head ``h``, with
     state = exp(dt * A) * state + dt * x (outer) B
     y     = state . C + D * x
 
-in float32, the states stored back in their cache dtype.
+in float32 on the cpu target and in the model's float16 on the card (which
+computes in float16 only), the states stored back in their cache dtype.
+
+On the card path (spec, "Device Placement Strategy") the step keeps to what the
+device has: no bool or integer compute (the causal mask and the within-chunk
+cumulative sum are products with one host-built lower-triangular float matrix,
+placed on the device once), the conv as ``width`` shifted multiply-adds rather
+than ``conv1d``, and integer slot indices built on the host and placed only as
+gather/scatter indices, once per step for all layers. Shapes are static per
+chunk count (the scan pads to whole 64-token chunks). The ops run eagerly on
+the device inside the opaque mixer op, as the MoE dispatch does.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,6 +55,7 @@ from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
 from spyre_inference.models._oot import register_swap
+from spyre_inference.platform import device as dev
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
@@ -52,9 +65,36 @@ logger = get_logger(__name__)
 CHUNK = 64
 
 
-def _dt(dt_raw: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
-    """``softplus(dt + dt_bias)`` in float32 (vLLM's ``dt_softplus=True``, no limit)."""
-    return F.softplus(dt_raw.float() + dt_bias.float())
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The mixer's arithmetic dtype: float32 on the cpu target, ``dtype`` on the card.
+
+    The card computes in float16 only (spec, "Supported dtypes"); the host has
+    float32 for free, and the scan's decays compound over long prompts.
+    """
+    return dtype if dev.is_spyre() else torch.float32
+
+
+@functools.cache
+def _lower_ones(device: torch.device, dtype: torch.dtype, size: int) -> torch.Tensor:
+    """``L[t, s] = 1`` for ``s <= t``: the causal mask and the prefix-sum matrix.
+
+    Built on the host and placed once per device and dtype: the card has no
+    bool tensors to mask with and no scan to take a cumulative sum with, so
+    both are products with this float matrix.
+    """
+    lower = torch.ones(size, size).tril()
+    return lower.to(dtype) if device.type == "cpu" else dev.to_device(lower, dtype)
+
+
+def _dt(dt_raw: torch.Tensor, dt_bias: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``softplus(dt + dt_bias)`` (vLLM's ``dt_softplus=True``, no limit)."""
+    return F.softplus(dt_raw.to(dtype) + dt_bias.to(dtype))
+
+
+def _per_head(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """``[..., G, N]`` -> ``[..., H, N]``: head ``h`` reads group ``h // (H // G)``."""
+    *lead, groups, n = t.shape
+    return t.unsqueeze(-2).expand(*lead, groups, heads // groups, n).reshape(*lead, heads, n)
 
 
 def causal_conv1d(
@@ -62,28 +102,35 @@ def causal_conv1d(
     weight: torch.Tensor,
     bias: torch.Tensor | None,
     state: torch.Tensor | None,
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Depthwise causal conv + SiLU of one sequence.
+
+    Computed as ``width`` shifted multiply-adds of the window, not ``conv1d``:
+    the card has no convolution kernel, and the width is 4.
 
     Args:
         x: ``[T, dim]`` the sequence's conv input.
         weight: ``[dim, width]``.
         state: ``[dim, width - 1]`` the inputs before ``x`` (None: zeros, a new
             sequence).
+        dtype: the arithmetic dtype (:func:`compute_dtype`).
 
     Returns:
-        ``([T, dim]`` output, ``[dim, width - 1]`` the state after ``x``).
+        ``([T, dim]`` output in ``dtype``, ``[dim, width - 1]`` the state after ``x``).
     """
     dim, width = weight.shape
+    T = x.shape[0]
     if state is None:
         state = x.new_zeros(dim, width - 1)
     window = torch.cat((state.to(x.dtype), x.t()), dim=1)  # [dim, width - 1 + T]
-    out = F.conv1d(
-        window.unsqueeze(0).float(),
-        weight.unsqueeze(1).float(),
-        None if bias is None else bias.float(),
-        groups=dim,
-    )[0]
+    w = weight.to(dtype)
+    wide = window.to(dtype)
+    out = wide[:, :T] * w[:, :1]
+    for k in range(1, width):
+        out = out + wide[:, k : k + T] * w[:, k : k + 1]
+    if bias is not None:
+        out = out + bias.to(dtype).unsqueeze(-1)
     return F.silu(out).t(), window[:, window.shape[1] - (width - 1) :]
 
 
@@ -100,32 +147,36 @@ def ssd_scan(
     """The Mamba2 scan of one sequence, chunk by chunk (SSD form).
 
     Args:
-        x: ``[T, H, P]``; dt: ``[T, H]`` after softplus; A, D: ``[H]``.
+        x: ``[T, H, P]``; dt: ``[T, H]`` after softplus, in the arithmetic
+            dtype (:func:`compute_dtype`), which the scan computes in; A, D: ``[H]``.
         B, C: ``[T, G, N]`` (heads ``g * H // G ..`` read group ``g``).
         state: ``[H, P, N]`` before the sequence, or None (zeros).
 
     Returns:
-        ``([T, H, P]`` float32 output, ``[H, P, N]`` float32 final state).
+        ``([T, H, P]`` output, ``[H, P, N]`` final state), in ``dt``'s dtype.
     """
     T, H, P = x.shape
-    G, N = B.shape[1], B.shape[2]
+    N = B.shape[2]
+    cdt = dt.dtype
     nc = -(-T // chunk)
     pad = nc * chunk - T
-    xf, dtf = x.float(), dt.float()
-    Bf = B.float().repeat_interleave(H // G, dim=1)  # [T, H, N]
-    Cf = C.float().repeat_interleave(H // G, dim=1)
+    xf, dtf = x.to(cdt), dt
+    Bf = _per_head(B.to(cdt), H)  # [T, H, N]
+    Cf = _per_head(C.to(cdt), H)
     if pad:
         # dt = 0 on padding: no input written, decay exp(0) = 1 (state kept).
         xf, dtf, Bf, Cf = (F.pad(t, (0,) * (2 * t.dim() - 1) + (pad,)) for t in (xf, dtf, Bf, Cf))
     xc = xf.view(nc, chunk, H, P)
     Bc = Bf.view(nc, chunk, H, N)
     Cc = Cf.view(nc, chunk, H, N)
-    a = (dtf * A.float()).view(nc, chunk, H).transpose(1, 2)  # [nc, H, chunk] log-decay
-    acum = torch.cumsum(a, dim=-1)
-    # decay[c, h, t, s] = exp(acum[t] - acum[s]) for s <= t, else 0.
-    causal = torch.ones(chunk, chunk, dtype=torch.bool).tril()
+    a = (dtf * A.to(cdt)).view(nc, chunk, H).transpose(1, 2)  # [nc, H, chunk] log-decay
+    lower = _lower_ones(x.device, cdt, chunk)
+    acum = a @ lower.t()  # inclusive prefix sum over the chunk
+    # decay[c, h, t, s] = exp(acum[t] - acum[s]) for s <= t, else 0. The log
+    # decays are <= 0, so acum falls along the chunk: clamping at 0 only
+    # touches s > t, which the mask zeroes (no inf is ever formed).
     seg = acum.unsqueeze(-1) - acum.unsqueeze(-2)
-    decay = torch.exp(seg.masked_fill(~causal, float("-inf")))
+    decay = torch.exp(seg.clamp(max=0)) * lower
     xdt = xc * dtf.view(nc, chunk, H, 1)  # dt_s * x_s
     # Within a chunk: y_t = sum_s decay[t, s] (C_t . B_s) dt_s x_s.
     scores = torch.einsum("cthn,cshn->chts", Cc, Bc) * decay
@@ -134,7 +185,7 @@ def ssd_scan(
     to_end = torch.exp(acum[..., -1:] - acum)  # [nc, H, chunk]
     chunk_states = torch.einsum("chs,cshp,cshn->chpn", to_end, xdt, Bc)
     # Carry the state over chunks: the only sequential part, nc steps.
-    carried = x.new_zeros(H, P, N, dtype=torch.float32) if state is None else state.float()
+    carried = x.new_zeros(H, P, N, dtype=cdt) if state is None else state.to(cdt)
     chunk_decay = torch.exp(acum[..., -1])  # [nc, H]
     starts = []
     for c in range(nc):
@@ -145,7 +196,7 @@ def ssd_scan(
     y = y + torch.einsum("cthn,chpn->cthp", Cc, start) * torch.exp(acum).transpose(1, 2).unsqueeze(
         -1
     )
-    y = y.reshape(nc * chunk, H, P)[:T] + xf[:T] * D.float().view(1, H, 1)
+    y = y.reshape(nc * chunk, H, P)[:T] + xf[:T] * D.to(cdt).view(1, H, 1)
     return y, carried
 
 
@@ -159,20 +210,40 @@ def ssd_step(
     D: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One recurrent step of ``S`` sequences: ``state [S, H, P, N]``, ``x [S, H, P]``,
-    ``dt [S, H]``, ``B``/``C`` ``[S, G, N]``; returns ``(y [S, H, P], new state)``, float32."""
+    ``dt [S, H]``, ``B``/``C`` ``[S, G, N]``; returns ``(y [S, H, P], new state)`` in
+    ``dt``'s dtype (the arithmetic dtype, :func:`compute_dtype`)."""
     H = x.shape[1]
-    G = B.shape[1]
-    Bh = B.float().repeat_interleave(H // G, dim=1)  # [S, H, N]
-    Ch = C.float().repeat_interleave(H // G, dim=1)
-    dtf = dt.float()
-    decay = torch.exp(dtf * A.float()).view(*dtf.shape, 1, 1)
-    new = state.float() * decay + (x.float() * dtf.unsqueeze(-1)).unsqueeze(-1) * Bh.unsqueeze(2)
-    y = torch.einsum("shpn,shn->shp", new, Ch) + x.float() * D.float().view(1, H, 1)
+    cdt = dt.dtype
+    Bh = _per_head(B.to(cdt), H)  # [S, H, N]
+    Ch = _per_head(C.to(cdt), H)
+    xf = x.to(cdt)
+    decay = torch.exp(dt * A.to(cdt)).view(*dt.shape, 1, 1)
+    new = state.to(cdt) * decay + (xf * dt.unsqueeze(-1)).unsqueeze(-1) * Bh.unsqueeze(2)
+    y = torch.einsum("shpn,shn->shp", new, Ch) + xf * D.to(cdt).view(1, H, 1)
     return y, new
 
 
 def _host_ints(t: torch.Tensor | None) -> list[int]:
     return [] if t is None else [int(v) for v in t.reshape(-1).tolist()]
+
+
+#: Attribute under which a step's Mamba metadata keeps its device-side indices.
+_STEP_INDICES = "_spyre_step_indices"
+
+
+def _step_index(md: Any, key: str, build: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """A device index of this step, built once for all the group's layers.
+
+    vLLM builds one metadata object per KV-cache group and step and hands it
+    to every layer of the group, so the host list -> device index conversion
+    (the card's only integer tensors: gather/scatter indices) happens once per
+    step instead of once per layer.
+    """
+    cache = md.__dict__.setdefault(_STEP_INDICES, {})
+    index = cache.get(key)
+    if index is None:
+        index = cache[key] = build()
+    return index
 
 
 class SpyreMambaMixer2(MambaMixer2):
@@ -218,25 +289,23 @@ class SpyreMambaMixer2(MambaMixer2):
             n = t.shape[0]
             return xs.view(n, heads, self.head_dim), b.view(n, groups, -1), c.view(n, groups, -1)
 
+        cdt = compute_dtype(xbc.dtype)
         if num_d:
-            slots = _host_ints(md.state_indices_tensor_d)[: md.num_decodes]
-            if len(slots) != num_d:
-                raise NotImplementedError("Mamba decode steps of more than one token")
-            index = torch.tensor(slots, dtype=torch.int64, device=conv_state.device)
+            index = _step_index(md, "decode", lambda: self._decode_index(md, num_d))
             # Conv: the window is the stored width-1 inputs plus this token.
             window = torch.cat(
                 (conv_state.index_select(0, index).to(xbc.dtype), xbc[:num_d].unsqueeze(-1)),
                 dim=-1,
             )  # [S, dim, width]
-            conv = (window.float() * weight.float()).sum(-1)
+            conv = (window.to(cdt) * weight.to(cdt)).sum(-1)
             if bias is not None:
-                conv = conv + bias.float()
+                conv = conv + bias.to(cdt)
             conv_state.index_copy_(0, index, window[..., 1:].to(conv_state.dtype))
             xs, b, c = split_xbc(F.silu(conv))
             y, new = ssd_step(
                 ssm_state.index_select(0, index),
                 xs,
-                _dt(dt_raw[:num_d], self.dt_bias),
+                _dt(dt_raw[:num_d], self.dt_bias, cdt),
                 self.A,
                 b,
                 c,
@@ -258,12 +327,12 @@ class SpyreMambaMixer2(MambaMixer2):
                 if hi == lo:
                     continue
                 conv_in = conv_state[slot] if initial[i] else None
-                conv_out, conv_after = causal_conv1d(xbc[lo:hi], weight, bias, conv_in)
+                conv_out, conv_after = causal_conv1d(xbc[lo:hi], weight, bias, conv_in, cdt)
                 conv_state[slot].copy_(conv_after.to(conv_state.dtype))
                 xs, b, c = split_xbc(conv_out)
                 y, final = ssd_scan(
                     xs,
-                    _dt(dt_raw[lo:hi], self.dt_bias),
+                    _dt(dt_raw[lo:hi], self.dt_bias, cdt),
                     self.A,
                     b,
                     c,
@@ -277,6 +346,14 @@ class SpyreMambaMixer2(MambaMixer2):
             # Padding rows of the step's bucket: zero, not left uninitialised
             # (they flow on into K/V written to the null block).
             output[actual:].zero_()
+
+    @staticmethod
+    def _decode_index(md: Any, num_decodes: int) -> torch.Tensor:
+        """The decodes' state slots as a device index (one token per decode)."""
+        slots = _host_ints(md.state_indices_tensor_d)[: md.num_decodes]
+        if len(slots) != num_decodes:
+            raise NotImplementedError("Mamba decode steps of more than one token")
+        return dev.to_device(torch.tensor(slots, dtype=torch.int64))
 
 
 def ensure_registered() -> None:

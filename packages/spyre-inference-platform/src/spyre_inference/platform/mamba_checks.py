@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from spyre_inference.platform import device, discovery
+from spyre_inference.platform import discovery
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -45,11 +45,6 @@ def mamba_problems(vllm_config: VllmConfig) -> list[str]:
             "transformers); serve a transformer model or one of those"
         )
         return problems
-    if device.is_spyre():
-        problems.append(
-            f"{name}'s Mamba2 layers have been verified on the cpu target only "
-            "(SPYRE_DEVICE_TARGET=cpu), not on a Spyre card"
-        )
     if not discovery.general_plugin_enabled("spyre_models"):
         problems.append(
             f"{name}'s Mamba2 layers are computed by spyre-inference-models, which is not "
