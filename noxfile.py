@@ -220,23 +220,27 @@ def bench(session: nox.Session) -> None:
     session.run(sys.executable, str(script), *session.posargs, external=True)
 
 
-#: The plugin-only measurements under benchmarks/ (``scripts/test.sh -s perf -- NAME ...``).
-PERF_SCRIPTS = ("decode_ab.py", "step_budget.py", "attention_decode.py", "compile_startup.py")
+#: The plugin-only measurements: benchmarks/*.py, and packages/*/benchmarks/*.py for
+#: those that measure one package alone.
+PERF = {
+    p.name: p for p in [*ROOT.glob("benchmarks/*.py"), *ROOT.glob("packages/*/benchmarks/*.py")]
+}
 
 
 @nox.session
 def perf(session: nox.Session) -> None:
-    """One plugin measurement from benchmarks/ in the benchmark's plugin venv (not part
-    of `test`): `scripts/test.sh -s perf -- decode_ab.py --variant base@/tmp/base ...`."""
-    if not session.posargs or session.posargs[0] not in PERF_SCRIPTS:
-        session.error(f"name the script first: one of {', '.join(PERF_SCRIPTS)}")
-    sys.path.insert(0, str(ROOT / "benchmarks" / "sxs"))
-    import envs  # the benchmark's venv recipes (benchmarks/sxs/envs.py)
-
-    python = envs.plugin_venv()
-    session.run(str(python.parent / "spyre-prepare-default-model"), external=True)
-    script = ROOT / "benchmarks" / session.posargs[0]
-    session.run(str(python), str(script), *session.posargs[1:], external=True)
+    """One plugin measurement (not part of `test`) in the e2e venv: the first argument
+    after -- names the script (`-- decode_ab.py --variant base@/tmp/base ...`)."""
+    names = sorted(set(PERF) - {"side_by_side.py"})
+    if not session.posargs or session.posargs[0] not in names:
+        session.error(f"name the script first: one of {', '.join(names)}")
+    arts, dists, venv = se.ensure_vllm(), se.local_dists(), se.named_venv(ROOT_DIST)
+    python = se.venv_python(venv)
+    se.install_project(
+        python, ROOT_DIST, ["test"], _local_wheels(), arts.wheel, dists, NO_DEPS[ROOT_DIST]
+    )
+    session.run(str(venv / "bin" / "spyre-prepare-default-model"), external=True)
+    session.run(str(python), str(PERF[session.posargs[0]]), *session.posargs[1:], external=True)
 
 
 @nox.session(requires=["lint", "docs", "release", *PACKAGES, "e2e", "emulated"])

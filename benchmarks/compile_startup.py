@@ -30,7 +30,7 @@ figure).
 
 Run::
 
-    /work/venv/bin/python benchmarks/compile_startup.py [--bucket-cost]
+    scripts/test.sh -s perf -- compile_startup.py [--bucket-cost]
 
 Results go to ``benchmarks/results/compile_startup.{json,md}``.
 """

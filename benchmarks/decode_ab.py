@@ -19,9 +19,9 @@ side-by-side benchmark's W1 workload and engine settings, the default model):
 * ``weights MiB``: the model's parameters as loaded, plus the copies the cpu
   target keeps outside them (oneDNN-packed GEMM weights).
 
-Run (dev venv, or through nox: ``scripts/test.sh -s bench_ab -- ...``)::
+Run (``git worktree add /tmp/ab/base <commit>`` for another commit's tree)::
 
-    python benchmarks/decode_ab.py --variant base@/tmp/ab/base --variant new \\
+    scripts/test.sh -s perf -- decode_ab.py --variant base@/tmp/ab/base --variant new \\
         --variant new-graph:SPYRE_CPU_ATTN_KERNEL=graph --rounds 3
 
 A variant is ``NAME[@TREE][:VAR=VALUE,...]``; without ``@TREE`` it runs this

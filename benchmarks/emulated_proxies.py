@@ -7,9 +7,9 @@ path runs (the card's attention forms, the compiled KV store), and the device
 counts every transfer it actually makes, so the table holds both counts: the
 conversion home's (``device.transfers``) and the device's own.
 
-Run (dev venv)::
+Run::
 
-    python benchmarks/emulated_proxies.py [--model DIR] [--steps 8] [--out FILE]
+    scripts/test.sh -s perf -- emulated_proxies.py [--model DIR] [--steps 8] [--out FILE]
 
 It sets ``SPYRE_DEVICE_TARGET=emulated`` and runs the engine in this process, in
 float16 (the card's only dtype), on the prepared default model unless ``--model``.

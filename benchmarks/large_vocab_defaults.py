@@ -12,8 +12,8 @@ part packages, a Q4_K_M GGUF; the e2e environment installs them), dequantized to
 a float32 safetensors checkpoint by ``spyre_inference.testing.real_models``, as
 the e2e suite's Gemma test does::
 
-    python benchmarks/large_vocab_defaults.py prepare /tmp/g3   # dequantize
-    python benchmarks/large_vocab_defaults.py run /tmp/g3/gemma-3-270m-float32
+    scripts/test.sh -s perf -- large_vocab_defaults.py prepare DIR   # dequantize
+    scripts/test.sh -s perf -- large_vocab_defaults.py run DIR/gemma-3-270m-float32
 
 ``run`` prints the engine's readiness time, the lowest ``MemAvailable`` seen
 while the engine warmed up and served, and whether each greedy sequence equals

@@ -19,7 +19,7 @@ server still answers.
 
 Run::
 
-    /work/venv/bin/python benchmarks/soak.py [--duration 600] [--interval 30]
+    scripts/test.sh -s perf -- soak.py [--duration 600] [--interval 30]
 
 Results go to ``benchmarks/results/soak.{json,md}``.
 """

@@ -22,9 +22,9 @@ and splits the profiled step into:
   the scheduler), by difference.
 
 The profiler inflates op-heavy parts, so the shares are applied to the
-unprofiled step time. Run (dev venv)::
+unprofiled step time. Run::
 
-    python benchmarks/step_budget.py [--batch 1 --batch 32] [--steps 32]
+    scripts/test.sh -s perf -- step_budget.py [--batch 1 --batch 32] [--steps 32]
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ compiled mode only.
 Defaults follow SmolLM2-135M's attention (9 query / 3 KV heads, head size 64),
 bfloat16 (the cpu target's default), block size 128 (the platform's). Run::
 
-    /work/venv/bin/python benchmarks/attention_decode.py [--threads 2] [--json out.json]
+    scripts/test.sh -s perf -- attention_decode.py [--threads 2] [--json out.json]
 """
 
 from __future__ import annotations
