@@ -2,33 +2,15 @@
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 
 @pytest.fixture
-def make_llm() -> Iterator[Any]:
-    """Build ``vllm.LLM`` engines for a test and shut their engine processes down after it."""
-    from vllm import LLM
-
-    engines: list[Any] = []
-
-    def factory(model: str, **kwargs: Any) -> LLM:
-        kwargs.setdefault("max_model_len", 512)
-        kwargs.setdefault("max_num_seqs", 16)
-        kwargs.setdefault("max_num_batched_tokens", 128)
-        llm = LLM(model=str(model), **kwargs)
-        engines.append(llm)
-        return llm
-
-    yield factory
-    for llm in engines:
-        llm.llm_engine.engine_core.shutdown()
-    engines.clear()
-    gc.collect()
+def llm_defaults() -> dict[str, Any]:
+    """The testing plugin's ``make_llm`` defaults, with 16 sequences."""
+    return {"max_model_len": 512, "max_num_seqs": 16, "max_num_batched_tokens": 128}
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:

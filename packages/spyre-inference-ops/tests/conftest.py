@@ -55,33 +55,10 @@ def vllm_env():
 
 
 @pytest.fixture
-def make_llm(monkeypatch):
-    """Build ``vllm.LLM`` engines for a test; shut their engine processes down after it.
-
-    ``LLM.apply_model`` ships a function to the engine process with cloudpickle,
-    which vLLM only allows with VLLM_ALLOW_INSECURE_SERIALIZATION=1 (tests only).
-    ``VLLM_PLUGINS`` limits vLLM to the platform and this package's plugin, so
-    these tests see exactly what an install of the core and the ops package
-    gives (the attention backend is found through the core's own entry points).
-    """
-    import gc
-
-    from vllm import LLM
-
-    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+def make_llm(make_llm, monkeypatch):
+    """The testing plugin's ``make_llm``, with ``VLLM_PLUGINS`` limited to the platform
+    and this package's plugin, so these tests see exactly what an install of the core
+    and the ops package gives (the attention backend is found through the core's own
+    entry points)."""
     monkeypatch.setenv("VLLM_PLUGINS", "spyre,spyre_ops")
-    engines = []
-
-    def factory(model, **kwargs):
-        kwargs.setdefault("max_model_len", 512)
-        kwargs.setdefault("max_num_seqs", 8)
-        kwargs.setdefault("max_num_batched_tokens", 128)
-        llm = LLM(model=str(model), **kwargs)
-        engines.append(llm)
-        return llm
-
-    yield factory
-    for llm in engines:
-        llm.llm_engine.engine_core.shutdown()
-    engines.clear()
-    gc.collect()
+    return make_llm

@@ -149,6 +149,37 @@ __all__ = [
 
 
 @pytest.fixture
+def llm_defaults() -> dict[str, Any]:
+    """``LLM(...)`` arguments :func:`make_llm` fills in; a conftest overrides it to change them."""
+    return {"max_model_len": 512, "max_num_seqs": 8, "max_num_batched_tokens": 128}
+
+
+@pytest.fixture
+def make_llm(monkeypatch: pytest.MonkeyPatch, llm_defaults: dict[str, Any]) -> Iterator[Any]:
+    """``make_llm(model, **llm_kwargs)``: ``vllm.LLM`` engines (in their own engine
+    process, as vLLM defaults), shut down after the test.
+
+    ``LLM.apply_model`` ships a function to the engine process with cloudpickle,
+    which vLLM allows only with VLLM_ALLOW_INSECURE_SERIALIZATION=1 (tests only).
+    """
+    from vllm import LLM
+
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    engines: list[Any] = []
+
+    def factory(model: Path | str, **kwargs: Any) -> Any:
+        llm = LLM(model=str(model), **{**llm_defaults, **kwargs})
+        engines.append(llm)
+        return llm
+
+    yield factory
+    for llm in engines:
+        llm.llm_engine.engine_core.shutdown()
+    engines.clear()
+    gc.collect()
+
+
+@pytest.fixture
 def inproc_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """``inproc_llm(model, buckets=..., granularity=..., **llm_kwargs)``: an in-process engine.
 

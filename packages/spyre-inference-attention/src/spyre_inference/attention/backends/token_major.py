@@ -733,13 +733,18 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         """The KV write of ``forward``: the store index built once per step (on ``md``)."""
         if kv_cache.numel() == 0:
             return
+        self._store_at(key, value, kv_cache, self._step_store_index(key.shape[0], kv_cache, md))
+
+    def _step_store_index(
+        self, num_tokens: int, kv_cache: torch.Tensor, md: SpyreAttentionMetadata
+    ) -> torch.Tensor:
+        """The store index of this step's ``num_tokens`` K/V rows, built once per step
+        for every layer of the group (see ``SpyreAttentionMetadata.step_index``)."""
         self._check_content(kv_cache)
-        num_tokens = key.shape[0]
-        index = md.step_index(
+        return md.step_index(
             (self.layout_name, num_tokens, *kv_cache.shape[1:3]),
             lambda: self._store_index(host_slots(md.slot_mapping, num_tokens), kv_cache),
         )
-        self._store_at(key, value, kv_cache, index)
 
     def _store_index(self, slots: torch.Tensor, kv_cache: torch.Tensor) -> torch.Tensor:
         """The device index the store scatters through, from ``[num_tokens]`` host slots."""
@@ -847,14 +852,7 @@ class SpyreAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             return False
         n = host.num_rows
         pages, _ = self._cache_views(kv_cache)
-        slots = None
-        if writes:
-            self._check_content(kv_cache)
-            num_tokens = key.shape[0]
-            slots = md.step_index(
-                (self.layout_name, num_tokens, *kv_cache.shape[1:3]),
-                lambda: self._store_index(host_slots(md.slot_mapping, num_tokens), kv_cache),
-            )
+        slots = self._step_store_index(key.shape[0], kv_cache, md) if writes else None
         ops.host_decode.store_and_decode(
             query if n == query.shape[0] else query[:n],
             key if writes else None,
