@@ -251,7 +251,7 @@ INVALID_SETTING_VALUES = {
 }
 
 
-@pytest.mark.parametrize("name", [s.name for s in settings.SETTINGS])
+@pytest.mark.parametrize("name", [s.name for s in settings.all_settings()])
 def test_unknown_setting_value_names_the_variable_and_the_fix(
     tiny_llama, monkeypatch, tmp_path, name
 ) -> None:

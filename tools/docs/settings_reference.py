@@ -1,9 +1,11 @@
-"""Generate the settings reference page from ``spyre_inference.platform.settings``.
+"""Generate the settings reference page from every package's declared settings.
 
-The settings module is loaded from its file, not imported as a package:
-``spyre_inference.platform`` imports torch and vLLM, which the docs venv does
-not have (and does not need: ``settings.py`` uses only the standard library).
-Every ``Setting`` becomes one section (default, accepted values, meaning, and
+The core's ``spyre_inference.platform.settings`` and each package's module named
+in its ``pyproject.toml`` under the entry-point group ``spyre_inference.settings``
+are loaded from their files, not imported as packages: the packages import torch
+and vLLM, which the docs venv does not have (and does not need: the settings
+modules use only the standard library and the core's ``settings``). Every
+``Setting`` becomes one section (default, accepted values, meaning, and
 which modules read it, found by searching the packages' sources). Variables the
 plugin reads that are not its own settings (vLLM's, torch's, the build
 scripts') are listed from :data:`OTHER_VARIABLES`; ``tools/docs/test_docs.py``
@@ -15,13 +17,34 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+import tomllib
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS_FILE = REPO / "packages/spyre-inference-platform/src/spyre_inference/platform/settings.py"
 #: Where settings are read: every distribution's sources.
 SOURCE_ROOTS = (*sorted((REPO / "packages").glob("*/src")), REPO / "src")
+ENTRY_POINT_GROUP = "spyre_inference.settings"
+
+
+def package_settings_files() -> dict[str, Path]:
+    """Distribution -> the file of the settings module it publishes (entry-point group)."""
+    found = {}
+    for folder in [REPO, *sorted((REPO / "packages").iterdir())]:
+        if not (folder / "pyproject.toml").is_file():
+            continue
+        project = tomllib.loads((folder / "pyproject.toml").read_text())["project"]
+        for target in project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}).values():
+            module = target.split(":")[0]
+            found[project["name"]] = folder / "src" / (module.replace(".", "/") + ".py")
+    return found
+
+
+def settings_files() -> list[Path]:
+    """The core's settings file, then every package's."""
+    return [SETTINGS_FILE, *package_settings_files().values()]
+
 
 #: Variables the plugin reads or sets that belong to vLLM, torch or the OS.
 #: name -> (who reads it, what it does here)
@@ -83,7 +106,6 @@ TOOL_VARIABLES: dict[str, str] = {
     "(default `/opt/wheels`).",
     "SPYRE_INFERENCE_PYTHON": "Interpreter new venvs are made from (default: `python3.11`, "
     "`python3`, `python`).",
-    "SPYRE_UV": "Path of the `uv` binary (default: the bootstrap venv's).",
     "SPYRE_SERVE_HOST": "`scripts/serve.sh`: address to bind (default `127.0.0.1`).",
     "SPYRE_SERVE_PORT": "`scripts/serve.sh`: port (default `8000`).",
     "SPYRE_SERVE_VENV": "`scripts/serve.sh`: venv to install into (default `<repo>/.venv`).",
@@ -94,17 +116,31 @@ TOOL_VARIABLES: dict[str, str] = {
 }
 
 
-def load_settings(path: Path = SETTINGS_FILE) -> ModuleType:
-    """``settings.py`` as a standalone module (standard library only)."""
-    spec = importlib.util.spec_from_file_location("_spyre_settings_for_docs", path)
+def _load_file(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses resolve annotations through it
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.modules.pop(spec.name, None)
+    spec.loader.exec_module(module)
     return module
+
+
+def load_settings() -> SimpleNamespace:
+    """Every declared setting (``.SETTINGS``) and its distribution (``.owner``)."""
+    core_name = "spyre_inference.platform.settings"
+    saved = sys.modules.get(core_name)
+    try:
+        # The packages' modules import the core's by name: it is this file-loaded one.
+        core = _load_file(core_name, SETTINGS_FILE)
+        found = [(s, "spyre-inference-platform") for s in core.SETTINGS]
+        for dist, path in package_settings_files().items():
+            module = _load_file(f"_spyre_settings_of_{dist.replace('-', '_')}", path)
+            found += [(s, dist) for s in module.SETTINGS]
+    finally:
+        sys.modules.pop(core_name, None)
+        if saved is not None:
+            sys.modules[core_name] = saved
+    return SimpleNamespace(SETTINGS=tuple(s for s, _ in found), owner={s.name: d for s, d in found})
 
 
 def readers(name: str) -> list[str]:
@@ -112,7 +148,7 @@ def readers(name: str) -> list[str]:
     found = []
     for root in SOURCE_ROOTS:
         for path in sorted(root.rglob("*.py")):
-            if path == SETTINGS_FILE or "testing" in path.relative_to(root).parts:
+            if path in settings_files() or "testing" in path.relative_to(root).parts:
                 continue
             if re.search(rf"\b{name}\b", path.read_text()):
                 found.append(".".join(path.relative_to(root).with_suffix("").parts))
@@ -123,27 +159,31 @@ def _escape_cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def render(settings: ModuleType | None = None) -> str:
+def render(settings: SimpleNamespace | None = None) -> str:
     settings = settings or load_settings()
     out = [
         "# Settings reference",
         "",
-        "<!-- Generated by tools/docs/settings_reference.py from "
-        "spyre_inference.platform.settings at build time; do not edit. -->",
+        "<!-- Generated by tools/docs/settings_reference.py from the packages' "
+        "settings modules at build time; do not edit. -->",
         "",
-        "Every environment variable of the plugin is declared once, in "
-        "`spyre_inference.platform.settings`, and parsed once per process. An invalid "
-        "value stops start-up with a message naming the variable and what it accepts. "
-        "`spyre-inference-env` shows the values in force "
+        "Every environment variable of the plugin is declared once, by the package that "
+        "reads it: the core in `spyre_inference.platform.settings`, each sub-package in "
+        "its own `settings` module, published through the entry-point group "
+        "`spyre_inference.settings`, from which the core collects them. Each is parsed "
+        "once per process. An invalid value stops start-up with a message naming the "
+        "variable and what it accepts; a variable that nearly spells a setting is "
+        "reported as a likely typo. `spyre-inference-env` shows the values in force "
         "([diagnostics](../diagnostics.md)).",
         "",
-        "| variable | default | accepted |",
-        "|---|---|---|",
+        "| variable | default | accepted | declared by |",
+        "|---|---|---|---|",
     ]
     for s in settings.SETTINGS:
         accepted = ", ".join(f"`{c}`" for c in s.choices) if s.choices else "see below"
         default = f"`{s.default}`" if s.default else "(empty)"
-        out.append(f"| [`{s.name}`](#{s.name.lower()}) | {default} | {accepted} |")
+        owner = settings.owner[s.name]
+        out.append(f"| [`{s.name}`](#{s.name.lower()}) | {default} | {accepted} | {owner} |")
     out.append("")
     for s in settings.SETTINGS:
         out += [f"## `{s.name}` {{#{s.name.lower()}}}", "", s.doc, ""]

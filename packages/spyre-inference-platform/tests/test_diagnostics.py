@@ -21,7 +21,7 @@ from spyre_inference.platform.discovery import PROVIDERS
 def env(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("SPYRE_DEVICE_TARGET", "cpu")
     monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", "16,8")
-    monkeypatch.setenv("SPYRE_ATTN_RECORD", "maybe")  # invalid: reported, not raised
+    monkeypatch.setenv("SPYRE_SETTLED_GUARDS", "maybe")  # invalid: reported, not raised
     monkeypatch.delenv("SPYRE_COMPILE_GRANULARITY", raising=False)
     device.reset_for_tests()
     yield
@@ -43,10 +43,11 @@ def test_report(env) -> None:
 
     # Every setting of the table, in order, with its source and parsed value.
     rows = {r["name"]: r for r in report["settings"]}
-    assert list(rows) == [s.name for s in settings.SETTINGS]
+    assert list(rows) == [s.name for s in settings.all_settings()]
     assert rows["SPYRE_NUM_TOKENS_BUCKETS"]["source"] == "environment"
     assert rows["SPYRE_NUM_TOKENS_BUCKETS"]["value"] == [8, 16]
-    assert "SPYRE_ATTN_RECORD='maybe' is not a valid value" in rows["SPYRE_ATTN_RECORD"]["error"]
+    error = rows["SPYRE_SETTLED_GUARDS"]["error"]
+    assert "SPYRE_SETTLED_GUARDS='maybe' is not a valid value" in error
     assert rows["SPYRE_COMPILE_GRANULARITY"] == {
         "name": "SPYRE_COMPILE_GRANULARITY",
         "raw": "block",
@@ -77,7 +78,7 @@ def test_render_and_json(env, capsys: pytest.CaptureFixture[str]) -> None:
     text = diagnostics.render(report)
     for section in ("device target", "versions", "entry points", "settings", "host"):
         assert f"== {section}" in text
-    for s in settings.SETTINGS:
+    for s in settings.all_settings():
         assert s.name in text
     assert "cpu: forced by SPYRE_DEVICE_TARGET=cpu" in text
     for group, dist in report["missing"].items():

@@ -9,7 +9,7 @@ from spyre_inference.platform import settings
 
 @pytest.fixture(autouse=True)
 def _fresh(monkeypatch):
-    for s in settings.SETTINGS:
+    for s in settings.all_settings():
         monkeypatch.delenv(s.name, raising=False)
     settings.reset_cache()
     yield
@@ -21,11 +21,11 @@ def test_defaults_parse() -> None:
     assert values["SPYRE_DEVICE_TARGET"] == "auto"
     assert values["SPYRE_COMPILE_GRANULARITY"] == "block"
     assert values["SPYRE_ATTN_KV_LAYOUT"] == "token_major"
-    assert values["SPYRE_ATTN_RECORD"] is True
+    assert values["SPYRE_SETTLED_GUARDS"] is True
     assert values["SPYRE_NUM_TOKENS_BUCKETS"] == ()
 
 
-@pytest.mark.parametrize("setting", [s for s in settings.SETTINGS if s.choices])
+@pytest.mark.parametrize("setting", [s for s in settings.all_settings() if s.choices])
 def test_unknown_choice_names_variable_and_choices(setting, monkeypatch) -> None:
     monkeypatch.setenv(setting.name, "no-such-value")
     with pytest.raises(settings.SettingError) as err:
@@ -53,7 +53,7 @@ def test_bad_int_lists_fail(raw, monkeypatch) -> None:
 
 
 def test_every_setting_is_documented() -> None:
-    for s in settings.SETTINGS:
+    for s in settings.all_settings():
         assert s.name.startswith("SPYRE_")
         assert len(s.doc) > 30, s.name
 
@@ -76,11 +76,34 @@ def test_a_misspelled_setting_is_reported_at_start_up(monkeypatch, caplog) -> No
 
 
 def test_is_set_tells_a_given_value_from_the_default(monkeypatch) -> None:
-    monkeypatch.delenv("SPYRE_BATCHED_DECODE", raising=False)
+    monkeypatch.delenv("SPYRE_SETTLED_GUARDS", raising=False)
     settings.reset_cache()
-    assert not settings.is_set("SPYRE_BATCHED_DECODE")
-    monkeypatch.setenv("SPYRE_BATCHED_DECODE", "1")
+    assert not settings.is_set("SPYRE_SETTLED_GUARDS")
+    monkeypatch.setenv("SPYRE_SETTLED_GUARDS", "1")
     settings.reset_cache()
-    assert settings.is_set("SPYRE_BATCHED_DECODE")
+    assert settings.is_set("SPYRE_SETTLED_GUARDS")
     with pytest.raises(KeyError):
         settings.is_set("SPYRE_NO_SUCH_SETTING")
+
+
+def test_a_package_publishes_its_settings_through_the_entry_point_group() -> None:
+    """The core holds its own settings; every other comes from an installed package's
+    entry point (group ``spyre_inference.settings``), so a package that is absent
+    contributes none, and its variables are unknown."""
+    import importlib.metadata as md
+
+    published = {
+        s.name: ep.dist.name
+        for ep in md.entry_points(group=settings.ENTRY_POINT_GROUP)
+        for s in ep.load()
+    }
+    core = [s.name for s in settings.SETTINGS]
+    assert [s.name for s in settings.all_settings()] == core + list(published)
+    assert not set(core) & set(published)
+    installed = {d.metadata["Name"] for d in md.distributions()}
+    if "spyre-inference-attention" not in installed:
+        # The platform alone: the attention package's settings are not known.
+        with pytest.raises(KeyError, match="SPYRE_BATCHED_DECODE is not a setting"):
+            settings.get("SPYRE_BATCHED_DECODE")
+    else:
+        assert published["SPYRE_BATCHED_DECODE"] == "spyre-inference-attention"

@@ -106,7 +106,7 @@ def settings_report() -> list[dict[str, Any]]:
     from spyre_inference.platform import settings
 
     rows = []
-    for s in settings.SETTINGS:
+    for s in settings.all_settings():
         source = "environment" if s.name in os.environ else "default"
         row: dict[str, Any] = {"name": s.name, "raw": os.environ.get(s.name, s.default)}
         row["source"] = source

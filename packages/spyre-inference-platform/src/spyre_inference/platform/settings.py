@@ -1,10 +1,14 @@
-"""Every environment variable of the plugin, parsed once.
+"""Every environment variable of the plugin: declared by the package that reads it,
+parsed once, validated at start-up.
 
-All sub-packages read their settings from here so that there is exactly one
-place that knows a variable's name, type, default and meaning; the settings
-reference in ``docs/`` is generated from :data:`SETTINGS`. An unknown value is
-a start-up error that names the variable and lists what it accepts, rather than
-a silent fallback to a default the user did not ask for.
+The core declares its own settings here (:data:`SETTINGS`) and the types they are
+made of; each sub-package declares its own in its ``settings`` module and
+publishes them through the entry-point group :data:`ENTRY_POINT_GROUP`, which the
+core collects (:func:`all_settings`) for :func:`get`, for start-up validation and
+for the settings reference in ``docs/``. So a variable's name, type, default and
+meaning live in one place, beside the code that reads it. An unknown value is a
+start-up error that names the variable and lists what it accepts, rather than a
+silent fallback to a default the user did not ask for.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import importlib.metadata
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # Inside vLLM's logger tree (see platform.logs) without importing vLLM here.
@@ -51,46 +56,46 @@ class Setting:
             ) from exc
 
 
-def _bool(raw: str) -> bool:
+def parse_bool(raw: str) -> bool:
     return raw in ("1", "true", "yes", "on")
 
 
-_BOOL_CHOICES = ("0", "1", "false", "true", "no", "yes", "off", "on")
+BOOL_CHOICES = ("0", "1", "false", "true", "no", "yes", "off", "on")
 
 #: Every setting's name starts with it (torch-spyre's own variables do too).
 PREFIX = "SPYRE_"
 
 
-def _positive_int(raw: str) -> int:
+def positive_int(raw: str) -> int:
     value = int(raw)
     if value <= 0:
         raise ValueError("must be a positive integer")
     return value
 
 
-def _non_negative_int(raw: str) -> int:
+def non_negative_int(raw: str) -> int:
     value = int(raw)
     if value < 0:
         raise ValueError("must be 0 or a positive integer")
     return value
 
 
-def _positive_float(raw: str) -> float:
+def positive_float(raw: str) -> float:
     value = float(raw)
     if not value > 0:
         raise ValueError("must be a positive number")
     return value
 
 
-def _int_list(raw: str) -> tuple[int, ...]:
+def int_list(raw: str) -> tuple[int, ...]:
     """Comma-separated positive integers, '' meaning "derive from the config"."""
     if not raw:
         return ()
-    values = tuple(sorted({_positive_int(part.strip()) for part in raw.split(",")}))
+    values = tuple(sorted({positive_int(part.strip()) for part in raw.split(",")}))
     return values
 
 
-def _folder(raw: str) -> str:
+def folder(raw: str) -> str:
     """A folder path ('' meaning "the default"); an existing file is refused."""
     path = os.path.expanduser(raw)
     if raw and os.path.exists(path) and not os.path.isdir(path):
@@ -116,7 +121,7 @@ SETTINGS: tuple[Setting, ...] = (
         "emulated target: the emulated card's device memory in GiB. Allocations are "
         "charged against it and the KV budget is computed from it, as on a card; it "
         "lives in host RAM, so keep it below the host's free memory.",
-        parse=_positive_float,
+        parse=positive_float,
     ),
     Setting(
         "SPYRE_COMPILE_GRANULARITY",
@@ -132,7 +137,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Comma-separated packed num_tokens buckets for the block graphs; "
         "max_num_batched_tokens is always added as the largest. Empty: powers of two "
         "from 8 up to max_num_batched_tokens.",
-        parse=_int_list,
+        parse=int_list,
     ),
     Setting(
         "SPYRE_SETTLED_GUARDS",
@@ -141,8 +146,8 @@ SETTINGS: tuple[Setting, ...] = (
         "cached graphs apart (`torch.compiler.set_stance(skip_guard_eval_unsafe=True)`) "
         "once its num_tokens bucket has served one step with full guards and compiled "
         "nothing (1), or evaluate every guard on every call (0).",
-        choices=_BOOL_CHOICES,
-        parse=_bool,
+        choices=BOOL_CHOICES,
+        parse=parse_bool,
     ),
     Setting(
         "SPYRE_ATTN_KV_LAYOUT",
@@ -150,35 +155,6 @@ SETTINGS: tuple[Setting, ...] = (
         "KV-cache page layout: `token_major` ([blocks, block_size, kv_heads, head]) "
         "or `head_major` ([blocks, kv_heads, block_size, head]).",
         choices=("token_major", "head_major"),
-    ),
-    Setting(
-        "SPYRE_ATTN_RECORD",
-        "1",
-        "Pre-compile every attention kernel variant the bucketer can produce during "
-        "warm-up (1), or compile each variant lazily on first use (0).",
-        choices=_BOOL_CHOICES,
-        parse=_bool,
-    ),
-    Setting(
-        "SPYRE_BATCHED_DECODE",
-        "1",
-        "Use the batched-decode attention kernel for decode-only sequences "
-        "(token-major layout only).",
-        choices=_BOOL_CHOICES,
-        parse=_bool,
-    ),
-    Setting(
-        "SPYRE_ATTN_NUM_SEQS_BUCKETS",
-        "",
-        "Comma-separated num-sequences buckets for the batched-decode kernel. "
-        "Empty: powers of two from 4 to max_num_seqs.",
-        parse=_int_list,
-    ),
-    Setting(
-        "SPYRE_ATTN_MAX_CORES",
-        "8",
-        "Core cap for the head-major attention compile on the spyre target.",
-        parse=_positive_int,
     ),
     Setting(
         "SPYRE_CPU_GEMM_DTYPE",
@@ -190,49 +166,6 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("auto", "model", "float32"),
     ),
     Setting(
-        "SPYRE_CPU_GEMM_KERNEL",
-        "auto",
-        "cpu target, where matmuls with bfloat16/float16 weights compute in float32 (see "
-        "SPYRE_CPU_GEMM_DTYPE): how. `auto` uses the plugin's AVX2 kernel, which reads the "
-        "16-bit `[in, out]` weights directly (built once with the system C compiler into "
-        "`~/.cache/spyre-inference/kernels`), when the CPU has AVX2/FMA/F16C and a compiler "
-        "exists, else float32 weight copies and torch's GEMM; `torch` always uses the copies.",
-        choices=("auto", "torch"),
-    ),
-    Setting(
-        "SPYRE_CPU_GEMM_PACK",
-        "auto",
-        "cpu target, where matmuls with bfloat16/float16 weights keep the model dtype (see "
-        "SPYRE_CPU_GEMM_DTYPE): `auto` gives every transposed linear weight a copy prepacked "
-        "for oneDNN at load and runs the layers through it (what vLLM's CPU backend does; "
-        "1.5-2x faster GEMMs, one more copy of the weights in host memory); `off` runs "
-        "torch's matmul on the `[in, out]` weight alone.",
-        choices=("auto", "off"),
-    ),
-    Setting(
-        "SPYRE_CPU_INT8_VOCAB",
-        "0",
-        "cpu target: keep the vocabulary matrix (the LM head and the input embedding; one "
-        "matrix when they are tied) in INT8 with a float32 scale per vocabulary row, "
-        "quantized at load, and compute the logits with an INT8 GEMM on per-token INT8 "
-        "activations (1). Halves the largest weight of small models and the bytes the head "
-        "reads per token; the logits move by the quantization error (top tokens can swap "
-        "where they are near-ties). Not with LoRA or weight reloading; refused on the card "
-        "path.",
-        choices=_BOOL_CHOICES,
-        parse=_bool,
-    ),
-    Setting(
-        "SPYRE_CPU_GEMM_HOST_ROWS",
-        "0",
-        "cpu target, with SPYRE_CPU_GEMM_PACK=auto: products of at most this many rows "
-        "(a decode step of that many sequences) run on the plugin's host GEMM kernel on "
-        "the `[in, out]` weight instead of oneDNN, whose fixed cost per call dominates "
-        "there; 0 sends every product to oneDNN. Needs the C++ linear op (a C++ compiler, "
-        "ninja and torch's headers).",
-        parse=_non_negative_int,
-    ),
-    Setting(
         "SPYRE_CPU_ISA",
         "auto",
         "cpu target: the instruction set the plugin's host kernels are built for. `auto` "
@@ -242,38 +175,47 @@ SETTINGS: tuple[Setting, ...] = (
         "builds give identical bits; the attention builds agree to float32 rounding.",
         choices=("auto", "avx2", "avx512"),
     ),
-    Setting(
-        "SPYRE_CPU_ATTN_KERNEL",
-        "auto",
-        "cpu target: attention's host paths. `auto`: a decode batch attends through the "
-        "plugin's AVX2 kernel, which reads the paged KV cache through the block table (built "
-        "once with the system C compiler into `~/.cache/spyre-inference/kernels`) when the CPU "
-        "has AVX2/FMA/F16C, a compiler exists and the layer has no soft-cap or ALiBi, and the "
-        "token-major KV store runs eagerly; `graph`: both run as the compiled graphs the card "
-        "runs.",
-        choices=("auto", "graph"),
-    ),
-    Setting(
-        "SPYRE_DEFAULT_MODEL_DIR",
-        "",
-        "Folder of the embedded default model (SmolLM2-135M-Instruct converted to a "
-        "dense checkpoint by `spyre-prepare-default-model`). Empty: "
-        "`$XDG_CACHE_HOME/spyre-inference/models/smollm2-135m-instruct` "
-        "(`~/.cache/...` when XDG_CACHE_HOME is unset).",
-        parse=_folder,
-    ),
 )
 
-_BY_NAME = {s.name: s for s in SETTINGS}
+#: Entry-point group of the sub-packages' settings: each entry point loads to a
+#: sequence of :class:`Setting`.
+ENTRY_POINT_GROUP = "spyre_inference.settings"
+
+
+@functools.cache
+def all_settings() -> tuple[Setting, ...]:
+    """The core's settings, then each installed sub-package's (by entry-point name).
+
+    A sub-package that is not installed contributes nothing, so its variables are
+    unknown, as its code is absent. Two declarations of one name are an error.
+    """
+    found: list[Setting] = list(SETTINGS)
+    for ep in sorted(
+        importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name
+    ):
+        declared: Sequence[Setting] = ep.load()
+        found.extend(declared)
+    names = [s.name for s in found]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise RuntimeError(f"spyre-inference settings declared twice: {', '.join(twice)}")
+    return tuple(found)
+
+
+@functools.cache
+def _by_name() -> dict[str, Setting]:
+    return {s.name: s for s in all_settings()}
 
 
 @functools.cache
 def get(name: str) -> Any:
     """The parsed value of a plugin setting (cached: parsed once per process)."""
     try:
-        setting = _BY_NAME[name]
+        setting = _by_name()[name]
     except KeyError:
-        raise KeyError(f"{name} is not a spyre-inference setting") from None
+        raise KeyError(
+            f"{name} is not a setting of the installed spyre-inference packages"
+        ) from None
     return setting.read()
 
 
@@ -291,10 +233,11 @@ def misspelled(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     ``SPYRE_*`` variables of their own, which are not typos.
     """
     environ = os.environ if environ is None else environ
+    known = _by_name()
     found = {}
     for name in environ:
-        if name.startswith(PREFIX) and name not in _BY_NAME:
-            close = difflib.get_close_matches(name, _BY_NAME, n=1, cutoff=0.85)
+        if name.startswith(PREFIX) and name not in known:
+            close = difflib.get_close_matches(name, known, n=1, cutoff=0.85)
             if close:
                 found[name] = close[0]
     return found
@@ -309,7 +252,7 @@ def validate_all() -> dict[str, Any]:
             name,
             setting,
         )
-    return {s.name: get(s.name) for s in SETTINGS}
+    return {s.name: get(s.name) for s in all_settings()}
 
 
 def reset_cache() -> None:
