@@ -31,7 +31,8 @@ from spyre_inference.attention.backends.head_major import (
     SpyreHeadMajorMetadataBuilder,
     head_store_index,
 )
-from spyre_inference.attention.backends.token_major import NULL_BLOCK, SpyreAttentionBackend
+from spyre_inference.attention.backends.paged import NULL_BLOCK
+from spyre_inference.attention.backends.token_major import SpyreAttentionBackend
 from spyre_inference.attention.ops import head_major_pages, head_major_rows
 from spyre_inference.platform import discovery
 

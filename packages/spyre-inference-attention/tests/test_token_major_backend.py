@@ -33,8 +33,8 @@ from vllm.v1.kv_cache_interface import (
     create_kv_cache_views,
 )
 
+from spyre_inference.attention.backends.paged import NULL_BLOCK
 from spyre_inference.attention.backends.token_major import (
-    NULL_BLOCK,
     SpyreAttentionBackend,
     SpyreAttentionImpl,
     SpyreAttentionMetadataBuilder,

@@ -8,9 +8,9 @@ heads are ``block_size`` rows apart, so the store is one ``index_copy_`` per
 KV head over a source materialised contiguously first.
 
 Everything above the cache's memory (the bucketer, the mask tiles, the query
-row tables, warm-up recording and dispatch) is the token-major backend's; what
-differs is the declared layout, the allocation and the kernels that touch a
-page:
+row tables, warm-up recording and dispatch) is shared with the token-major
+backend in :mod:`spyre_inference.attention.backends.paged`; what differs is the
+declared layout, the allocation and the kernels that touch a page:
 
 * pages are gathered with a 2-D ``[num_kv_heads, pages]`` index into the
   cache folded to ``[num_blocks * num_kv_heads, block_size, K|V]`` (the folded
@@ -25,18 +25,18 @@ page:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheLayout
 
 from spyre_inference.attention import ops, policy
-from spyre_inference.attention.backends.token_major import (
+from spyre_inference.attention.backends.paged import (
     NULL_BLOCK,
-    SpyreAttentionBackend,
-    SpyreAttentionImpl,
+    PagedAttentionBackend,
+    PagedAttentionImpl,
+    PagedAttentionMetadataBuilder,
     SpyreAttentionMetadata,
-    SpyreAttentionMetadataBuilder,
 )
 from spyre_inference.attention.config_checks import HeadMajorConfigError, check_batched_decode
 from spyre_inference.platform import device as placement
@@ -51,11 +51,9 @@ def validate_head_major_config(vllm_config: VllmConfig | None = None) -> None:
     check_batched_decode()
 
 
-class SpyreHeadMajorMetadataBuilder(SpyreAttentionMetadataBuilder):
-    """The token-major planning plus the folded-cache rows of every page."""
-
-    supports_batched_decode: ClassVar[bool] = False
-    supports_host_rows: ClassVar[bool] = False
+class SpyreHeadMajorMetadataBuilder(PagedAttentionMetadataBuilder):
+    """The paged planning plus the folded-cache rows of every page (no batched decode,
+    no host kernel: both read token-major pages)."""
 
     def _page_index(self, block_ids: torch.Tensor) -> torch.Tensor:
         # Row of (block, kv_head) in the folded cache: block * KVH + kv_head,
@@ -73,7 +71,7 @@ def head_store_index(slots: torch.Tensor, num_kv_heads: int, block_size: int) ->
     return (block.unsqueeze(0) * num_kv_heads + heads) * block_size + offset.unsqueeze(0)
 
 
-class SpyreHeadMajorAttentionImpl(SpyreAttentionImpl):
+class SpyreHeadMajorAttentionImpl(PagedAttentionImpl):
     """Per-layer attention on the head-major cache."""
 
     layout_name: ClassVar[str] = "head-major"
@@ -134,11 +132,8 @@ class SpyreHeadMajorAttentionImpl(SpyreAttentionImpl):
             )
             output[seq.query_start : seq.query_start + seq.query_len].copy_(result[: seq.query_len])
 
-    def _attend_decodes(self, *args: Any) -> None:
-        raise AssertionError("the head-major builder never batches decodes")
 
-
-class SpyreHeadMajorAttentionBackend(SpyreAttentionBackend):
+class SpyreHeadMajorAttentionBackend(PagedAttentionBackend):
     """Head-major paged attention for Spyre (``SPYRE_ATTN_KV_LAYOUT=head_major``)."""
 
     @staticmethod
