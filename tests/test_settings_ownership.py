@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from spyre_inference.platform import settings
@@ -48,3 +50,17 @@ def test_each_setting_is_declared_by_the_package_that_reads_it() -> None:
         if dist != CORE and readers != {dist}:
             misplaced[name] = (dist, sorted(readers))
     assert not misplaced, f"declared by one package, read by others: {misplaced}"
+
+
+def test_the_settings_are_collected_inside_vllms_own_import() -> None:
+    """vLLM resolves the platform while it imports ``vllm.config``; the platform's first
+    setting read collects every package's settings then, so their modules (and their
+    packages' ``__init__``) must not import vLLM's layers. In a fresh interpreter."""
+    code = (
+        "import vllm.v1.engine\n"
+        "from spyre_inference.platform import settings\n"
+        "print(len(settings.all_settings()))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) == len(settings.all_settings())

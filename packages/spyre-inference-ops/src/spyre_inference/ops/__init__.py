@@ -13,10 +13,14 @@ import importlib
 from typing import Any
 
 from spyre_inference.ops._version import __version__
-from spyre_inference.ops.register import register_all, register_ops
 
-#: Public name -> defining module (imported on first access).
+#: Public name -> defining module (imported on first access). Even ``register_ops``
+#: (the entry point) is resolved lazily: the core imports this package early, from
+#: inside vLLM's own import of ``vllm.config``, to read the package's settings
+#: (``spyre_inference.ops.settings``), when vLLM's layers cannot be imported yet.
 _EXPORTS = {
+    "register_all": "register",
+    "register_ops": "register",
     "SpyreTransposedWeightMethod": "transposed_weight",
     "SpyreUnquantizedLinearMethod": "transposed_weight",
     "install_transposed_method": "transposed_weight",
@@ -51,4 +55,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
-__all__ = ["__version__", "register_all", "register_ops", *sorted(_EXPORTS)]
+__all__ = ["__version__", *sorted(_EXPORTS)]
