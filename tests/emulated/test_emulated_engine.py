@@ -51,12 +51,32 @@ def _shutdown(llm: LLM) -> None:
     llm.llm_engine.engine_core.shutdown()
 
 
+def _serve_greedy(llm: LLM, prompts: list[str]) -> tuple[list[list[int]], tuple[int, int]]:
+    """Greedy tokens of ``prompts``, and the (h2d, d2h) transfers the device counted.
+
+    Checks the card-path rules every served step keeps: nothing compiles while
+    serving (bug 3), and the device saw exactly the transfers
+    ``spyre_inference.platform.device`` made, none behind its back (bug 2 and
+    the conversion home).
+    """
+    from spyre_inference.attention.ops import compiled
+
+    lazy = compiled.stats.lazy
+    before = emulated_card.transfer_counts()
+    home = (dev.transfers.h2d, dev.transfers.d2h)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    assert compiled.stats.lazy == lazy
+    after = emulated_card.transfer_counts()
+    moved = (after[0] - before[0], after[1] - before[1])
+    assert moved == (dev.transfers.h2d - home[0], dev.transfers.d2h - home[1])
+    return got, moved
+
+
 @pytest.mark.parametrize("kind", ["llama", "granite", "gemma2"])
 def test_greedy_close_to_transformers_float16(kind, tiny_model_factory, in_process) -> None:
     """Gemma 2 too: vLLM refuses it in float16, the card path lifts that refusal
     (platform.float16_models) since the card has no other dtype."""
-    from spyre_inference.attention.ops import compiled
-
     model = tiny_model_factory(kind)
     prompts = list(TEST_PROMPTS[:4])
     llm = LLM(str(model), **ENGINE)
@@ -66,18 +86,7 @@ def test_greedy_close_to_transformers_float16(kind, tiny_model_factory, in_proce
         caches = [t for t in runner.kv_caches if isinstance(t, torch.Tensor)]
         assert caches and all(t.device.type == "spyre" for t in caches)
         assert all(p.device.type == "spyre" for p in runner.model.parameters())
-        lazy = compiled.stats.lazy
-        before = emulated_card.transfer_counts()
-        home = (dev.transfers.h2d, dev.transfers.d2h)
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
-        # Bug 3: nothing compiled while serving.
-        assert compiled.stats.lazy == lazy
-        # Bug 2 and the conversion home: the device saw exactly the transfers
-        # spyre_inference.platform.device made (none behind its back).
-        after = emulated_card.transfer_counts()
-        moved = (after[0] - before[0], after[1] - before[1])
-        assert moved == (dev.transfers.h2d - home[0], dev.transfers.d2h - home[1])
+        got, moved = _serve_greedy(llm, prompts)
         assert moved[0] > 0 and moved[1] > 0
     finally:
         _shutdown(llm)
@@ -115,8 +124,6 @@ def test_granite_hybrid_greedy_close_to_transformers_float16(
     (vLLM's hybrid KV-cache pages, allocated there like the KV cache), the mixer
     computes in float16 with no bool or integer compute on the device, and long
     prompts are prefilled in chunks that carry the conv and SSM states."""
-    from spyre_inference.attention.ops import compiled
-
     model = tiny_model_factory("granitemoehybrid", num_local_experts=experts)
     prompts = [*TEST_PROMPTS[:3], TEST_PROMPTS[7], TEST_PROMPTS[9]]
     llm = LLM(str(model), enable_prefix_caching=False, **ENGINE)
@@ -129,15 +136,7 @@ def test_granite_hybrid_greedy_close_to_transformers_float16(
         assert set(states) == {("SpyreMambaMixer2", "spyre", torch.float16)}, states
         caches = [t for t in runner.kv_caches if t.dtype.is_floating_point]
         assert caches and all(t.device.type == "spyre" for t in caches)
-        lazy = compiled.stats.lazy
-        before = emulated_card.transfer_counts()
-        home = (dev.transfers.h2d, dev.transfers.d2h)
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
-        assert compiled.stats.lazy == lazy
-        after = emulated_card.transfer_counts()
-        moved = (after[0] - before[0], after[1] - before[1])
-        assert moved == (dev.transfers.h2d - home[0], dev.transfers.d2h - home[1])
+        got, _ = _serve_greedy(llm, prompts)
     finally:
         _shutdown(llm)
     assert max(len(p) for p in prompts) > 2 * ENGINE["max_num_batched_tokens"]

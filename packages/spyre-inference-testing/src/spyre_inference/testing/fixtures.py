@@ -173,6 +173,11 @@ def make_llm(monkeypatch: pytest.MonkeyPatch, llm_defaults: dict[str, Any]) -> I
         return llm
 
     yield factory
+    _shut_down(engines)
+
+
+def _shut_down(engines: list[Any]) -> None:
+    """Stop every engine a fixture made (its engine core and, if any, its process)."""
     for llm in engines:
         llm.llm_engine.engine_core.shutdown()
     engines.clear()
@@ -220,13 +225,10 @@ def inproc_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         return llm
 
     yield factory
-    for llm in engines:
-        llm.llm_engine.engine_core.shutdown()
-    engines.clear()
+    _shut_down(engines)
     vllm_envs.disable_envs_cache()
     settings.reset_cache()
     torch._dynamo.reset()
-    gc.collect()
 
 
 def pytest_configure(config: pytest.Config) -> None:
