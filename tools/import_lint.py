@@ -14,7 +14,7 @@ caught by ruff or by the tests:
   another module needs is public; make it so, or move it where it belongs. The
   names the architecture spec itself spells with an underscore are allowed
   (``ALLOWED_PRIVATE_NAMES`` below). Importing a private *module*
-  (``spyre_inference.ops._oot``) from outside its own package is refused too.
+  (``spyre_inference.models._token_type``) from outside its own package is refused too.
 
 The project's modules are the ``spyre_inference.*`` files under
 ``packages/*/src/`` and ``src/``. Standard library only: it parses the sources

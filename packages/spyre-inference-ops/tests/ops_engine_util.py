@@ -22,6 +22,7 @@ UPSTREAM_SWAPPED = frozenset(
         "NTKScalingRotaryEmbedding",
         "DynamicNTKScalingRotaryEmbedding",
         "DynamicNTKAlphaRotaryEmbedding",
+        "Phi3LongRoPEScaledRotaryEmbedding",
         "RMSNorm",
         "GemmaRMSNorm",
         "GateLinear",

@@ -31,7 +31,7 @@ def upstream_layers() -> Iterator[None]:
     """Build vLLM's own layer classes inside this block (swaps suspended)."""
     from vllm.model_executor.custom_op import op_registry_oot
 
-    from spyre_inference.ops._oot import declared_swaps
+    from spyre_inference.platform.layer_swaps import declared_swaps
 
     saved = {
         name: op_registry_oot.pop(name) for name in declared_swaps() if name in op_registry_oot

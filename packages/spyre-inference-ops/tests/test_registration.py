@@ -25,6 +25,10 @@ EXPECTED_SWAPS = {
     "GemmaRMSNorm": "SpyreGemmaRMSNorm",
     "GateLinear": "SpyreGateLinear",
 }
+#: Plain nn.Module layers, replaced after the model is built (not in vLLM's registry).
+EXPECTED_BUILT_SWAPS = {
+    "Phi3LongRoPEScaledRotaryEmbedding": "SpyrePhi3LongRoPEScaledRotaryEmbedding",
+}
 
 
 def _registry_snapshot() -> dict[str, type]:
@@ -59,7 +63,22 @@ def test_register_ops_is_idempotent(vllm_env):
     register_ops()
     swaps = register_all()
     assert _registry_snapshot() == before
-    assert {name: cls.__name__ for name, cls in swaps.items()} == EXPECTED_SWAPS
+    assert {name: cls.__name__ for name, cls in swaps.items()} == {
+        **EXPECTED_SWAPS,
+        **EXPECTED_BUILT_SWAPS,
+    }
+
+
+def test_swap_table_matches_the_declared_swaps(vllm_env):
+    """``LAYER_SWAPS`` (the package's one list) names exactly the decorated classes."""
+    from spyre_inference.ops import LAYER_SWAPS, register_all
+
+    swaps = register_all()
+    assert sorted(cls.__name__ for cls in swaps.values()) == sorted(LAYER_SWAPS)
+    for name, module in LAYER_SWAPS.items():
+        assert next(c for c in swaps.values() if c.__name__ == name).__module__ == (
+            f"spyre_inference.ops.{module}"
+        )
 
 
 def test_register_restores_after_registry_reset(vllm_env):
@@ -79,15 +98,30 @@ def test_register_restores_after_registry_reset(vllm_env):
 def test_conflicting_swap_is_reported(vllm_env):
     from vllm.model_executor.layers.linear import ColumnParallelLinear
 
-    from spyre_inference.ops._oot import SwapConflictError, _register
+    from spyre_inference.platform.layer_swaps import SwapConflictError, register_swap
 
     class OtherPluginLinear(ColumnParallelLinear):
         pass
 
     before = _registry_snapshot()
     with pytest.raises(SwapConflictError, match="SpyreColumnParallelLinear"):
-        _register(ColumnParallelLinear, OtherPluginLinear)
+        register_swap(ColumnParallelLinear, OtherPluginLinear)
     assert _registry_snapshot() == before
+
+
+def test_a_plain_module_cannot_be_a_registry_swap(vllm_env):
+    """vLLM's registry never builds a replacement for a plain nn.Module: refused."""
+    from vllm.model_executor.layers.rotary_embedding.phi3_long_rope_scaled_rope import (
+        Phi3LongRoPEScaledRotaryEmbedding,
+    )
+
+    from spyre_inference.platform.layer_swaps import register_swap
+
+    class Other(Phi3LongRoPEScaledRotaryEmbedding):
+        pass
+
+    with pytest.raises(TypeError, match="spyre_replaces_built"):
+        register_swap(Phi3LongRoPEScaledRotaryEmbedding, Other)
 
 
 def test_convert_op_registered_and_eager_fast_path(vllm_env):

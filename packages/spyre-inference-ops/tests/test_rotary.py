@@ -10,6 +10,8 @@ asserted on the default rope).
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from ops_testutil import tol, upstream_layers
@@ -220,3 +222,77 @@ def test_get_rope_builds_spyre_class(vllm_env):
         },
     )
     assert type(scaled) is ops.SpyreLlama3RotaryEmbedding
+
+
+#: Longrope (Phi-3): one short and one long factor per frequency of the 64-wide head.
+LONGROPE_ORIGINAL = 64
+LONGROPE_ARGS = {
+    "short_factor": [1.0 + 0.03 * i for i in range(HEAD // 2)],
+    "long_factor": [1.0 + 0.9 * i for i in range(HEAD // 2)],
+}
+
+
+@contextlib.contextmanager
+def _engine_config(model, max_model_len):
+    """A VllmConfig for ``model`` made current (longrope reads max_model_len from it)."""
+    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+
+    config = VllmConfig(model_config=ModelConfig(str(model), max_model_len=max_model_len))
+    with set_current_vllm_config(config):
+        yield config
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("max_model_len", [48, MAX_POS], ids=["short_factors", "long_factors"])
+def test_longrope_matches_upstream(vllm_env, tiny_model_factory, max_model_len, dtype):
+    """The built-module swap and a directly built Spyre longrope both equal vLLM's layer."""
+    from vllm.model_executor.layers.rotary_embedding.phi3_long_rope_scaled_rope import (
+        Phi3LongRoPEScaledRotaryEmbedding,
+    )
+
+    from spyre_inference.ops import SpyrePhi3LongRoPEScaledRotaryEmbedding as Spyre
+
+    args = (HEAD, HEAD, 2 * MAX_POS, LONGROPE_ORIGINAL, 10000.0, True, dtype)
+    with _engine_config(tiny_model_factory("llama"), max_model_len):
+        upstream = Phi3LongRoPEScaledRotaryEmbedding(*args, **LONGROPE_ARGS)
+        direct = Spyre(*args, **LONGROPE_ARGS)
+        swapped = Spyre.from_upstream(upstream)
+    assert upstream.use_long_rope is (max_model_len > LONGROPE_ORIGINAL)
+    for spyre in (direct, swapped):
+        assert spyre.use_long_rope is upstream.use_long_rope
+        assert spyre.rotation_cache.shape == (max_model_len, 2, 2, HEAD // 2)
+        assert "long_short_cos_sin_cache" not in dict(spyre.named_buffers())
+    assert torch.equal(direct.rotation_cache, swapped.rotation_cache)
+
+    g = torch.Generator().manual_seed(1)
+    positions = torch.randint(0, max_model_len, (11,), generator=g)
+    q = torch.randn(11, 4 * HEAD, generator=g).to(dtype)
+    k = torch.randn(11, 2 * HEAD, generator=g).to(dtype)
+    ref_q, ref_k = upstream(positions, q.clone(), k.clone())
+    out_q, out_k = swapped(positions, q.clone(), k.clone())
+    torch.testing.assert_close(out_q, ref_q, **tol(dtype))
+    torch.testing.assert_close(out_k, ref_k, **tol(dtype))
+
+
+def test_built_module_swap_keeps_shared_instances_shared(vllm_env, tiny_model_factory):
+    """get_rope shares one RoPE module between layers; the swap keeps one replacement."""
+    from torch import nn
+    from vllm.model_executor.layers.rotary_embedding.phi3_long_rope_scaled_rope import (
+        Phi3LongRoPEScaledRotaryEmbedding,
+    )
+
+    from spyre_inference.ops import SpyrePhi3LongRoPEScaledRotaryEmbedding as Spyre
+    from spyre_inference.platform.layer_swaps import swap_built_modules
+
+    args = (HEAD, HEAD, 2 * MAX_POS, LONGROPE_ORIGINAL, 10000.0, True, torch.float32)
+    with _engine_config(tiny_model_factory("llama"), MAX_POS):
+        shared = Phi3LongRoPEScaledRotaryEmbedding(*args, **LONGROPE_ARGS)
+        layers = nn.ModuleList(nn.Module() for _ in range(3))
+        for layer in layers:
+            layer.rotary_emb = shared
+        model = nn.Sequential(layers)
+        replaced = swap_built_modules(model)
+        assert swap_built_modules(model) == {}  # idempotent
+    assert sorted(replaced) == [f"0.{i}.rotary_emb" for i in range(3)]
+    swapped = {id(layer.rotary_emb) for layer in layers}
+    assert len(swapped) == 1 and type(layers[0].rotary_emb) is Spyre

@@ -32,6 +32,7 @@ import importlib
 from collections.abc import Mapping
 
 from spyre_inference.models._version import __version__
+from spyre_inference.platform import layer_swaps
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
@@ -163,8 +164,10 @@ def register_model_table(table: Mapping[str, str]) -> list[str]:
 def register_layer_swaps() -> None:
     """Import (and so register) the layer swaps this package owns; idempotent."""
     for name in _LAYER_SWAP_MODULES:
-        module = importlib.import_module(name)
-        module.ensure_registered()
+        importlib.import_module(name)
+    # Imports are cached: if vLLM's registry was reset since (tests do), this
+    # puts the swaps back; otherwise it only checks them.
+    layer_swaps.ensure_registered()
 
 
 def register_models() -> None:

@@ -54,8 +54,8 @@ import torch.nn.functional as F
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
 
-from spyre_inference.models._oot import register_swap
 from spyre_inference.platform import device as dev
+from spyre_inference.platform.layer_swaps import spyre_oot
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
@@ -246,6 +246,7 @@ def _step_index(md: Any, key: str, build: Callable[[], torch.Tensor]) -> torch.T
     return index
 
 
+@spyre_oot(MambaMixer2)
 class SpyreMambaMixer2(MambaMixer2):
     """``MambaMixer2`` with its conv + scan step in PyTorch (see the module docstring)."""
 
@@ -356,18 +357,10 @@ class SpyreMambaMixer2(MambaMixer2):
         return dev.to_device(torch.tensor(slots, dtype=torch.int64))
 
 
-def ensure_registered() -> None:
-    """Make vLLM build :class:`SpyreMambaMixer2` wherever it builds ``MambaMixer2`` (idempotent)."""
-    register_swap(MambaMixer2, SpyreMambaMixer2)
-
-
-ensure_registered()
-
 __all__ = [
     "CHUNK",
     "SpyreMambaMixer2",
     "causal_conv1d",
-    "ensure_registered",
     "ssd_scan",
     "ssd_step",
 ]

@@ -63,8 +63,8 @@ from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
 )
 from vllm.model_executor.utils import replace_parameter
 
-from spyre_inference.models._oot import register_swap
 from spyre_inference.platform import device as dev
+from spyre_inference.platform.layer_swaps import spyre_oot
 from spyre_inference.platform.logs import get_logger
 
 if TYPE_CHECKING:
@@ -306,6 +306,7 @@ def _num_real_tokens(num_tokens: int) -> int:
     return num_tokens - int(is_padding[:num_tokens].sum())
 
 
+@spyre_oot(UnquantizedFusedMoEMethod)
 class SpyreUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
     """``UnquantizedFusedMoEMethod`` with host routing and the two Spyre expert forms.
 
@@ -409,14 +410,6 @@ class SpyreUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
         )
 
 
-def ensure_registered() -> None:
-    """Make vLLM build the Spyre method wherever it builds the unquantized one (idempotent)."""
-    register_swap(UnquantizedFusedMoEMethod, SpyreUnquantizedFusedMoEMethod)
-
-
-ensure_registered()
-
-
 __all__ = [
     "ALL_EXPERT",
     "GATHERED",
@@ -424,7 +417,6 @@ __all__ = [
     "SpyreUnquantizedFusedMoEMethod",
     "all_expert_experts",
     "default_recipe",
-    "ensure_registered",
     "gathered_experts",
     "relayout_expert_weights",
     "route",

@@ -39,13 +39,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.models.transformers import TransformersForCausalLM
 from vllm.model_executor.models.transformers.base import VLLM_ATTN_ATTR
 
+from spyre_inference.ops.rotary import pad_table_halves, rotation_cache_from_cos_sin
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.stick_pad import DimPad, current_plan
 
@@ -56,16 +56,6 @@ APPLY_ROTARY_NAME = "apply_rotary_pos_emb"
 #: RoPE types whose frequencies change with the sequence length at run time;
 #: a precomputed cache cannot represent them.
 DYNAMIC_ROPE_TYPES = frozenset({"dynamic", "longrope"})
-
-
-def rotation_cache(cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``[P, D]`` HF-style cos/sin (two equal halves) -> ``[P, 2, 2, D // 2]`` rotations.
-
-    ``cache[p, :, :, j] = [[cos, -sin], [sin, cos]]`` of frequency ``j`` at position ``p``.
-    """
-    half = cos.shape[-1] // 2
-    c, s = cos[:, :half], sin[:, :half]
-    return torch.stack((torch.stack((c, -s), dim=1), torch.stack((s, c), dim=1)), dim=1)
 
 
 def _rotate_matmul(x: torch.Tensor, rotation: torch.Tensor, unsqueeze_dim: int) -> torch.Tensor:
@@ -183,17 +173,11 @@ def build_rotation_cache(
         inv_freq, scaling = _inv_freq_at(module, pad.original)
     positions = torch.arange(max_positions, dtype=torch.int64).float()
     freqs = positions[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    cos = (emb.cos() * scaling).to(dtype)
-    sin = (emb.sin() * scaling).to(dtype)
+    # HF's cos/sin repeat these over both halves; the cos | sin table keeps one.
+    table = torch.cat(((freqs.cos() * scaling).to(dtype), (freqs.sin() * scaling).to(dtype)), -1)
     if pad is not None:
-        # Identity rotation on each half's pad: padded Q/K entries are zero
-        # and must stay zero.
-        extra = (pad.padded - pad.original) // 2
-        half = pad.original // 2
-        cos = torch.cat([F.pad(t, (0, extra), value=1.0) for t in cos.split(half, -1)], -1)
-        sin = torch.cat([F.pad(t, (0, extra), value=0.0) for t in sin.split(half, -1)], -1)
-    return rotation_cache(cos, sin)
+        table = pad_table_halves(table, pad)
+    return rotation_cache_from_cos_sin(table)
 
 
 _overlay_cache: dict[tuple[int, int], Callable[..., Any]] = {}
@@ -286,6 +270,5 @@ __all__ = [
     "SpyreHFRotaryEmbedding",
     "SpyreTransformersForCausalLM",
     "build_rotation_cache",
-    "rotation_cache",
     "spyre_apply_rotary_pos_emb",
 ]

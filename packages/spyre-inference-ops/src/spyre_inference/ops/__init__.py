@@ -14,6 +14,31 @@ from typing import Any
 
 from spyre_inference.ops._version import __version__
 
+#: Every layer swap the package declares: Spyre class -> defining module. The one
+#: list of the package's swaps: ``register`` imports exactly these modules (whose
+#: ``@spyre_oot`` decorators register them), and a test holds the decorators to it.
+LAYER_SWAPS: dict[str, str] = {
+    "SpyreColumnParallelLinear": "linear",
+    "SpyreMergedColumnParallelLinear": "linear",
+    "SpyreQKVParallelLinear": "linear",
+    "SpyreReplicatedLinear": "linear",
+    "SpyreRowParallelLinear": "linear",
+    "SpyreParallelLMHead": "lm_head",
+    "SpyreLogitsProcessor": "logits",
+    "SpyreVocabParallelEmbedding": "embedding",
+    "SpyreRotaryEmbedding": "rotary",
+    "SpyreLlama3RotaryEmbedding": "rotary",
+    "SpyreYaRNScalingRotaryEmbedding": "rotary",
+    "SpyreLinearScalingRotaryEmbedding": "rotary",
+    "SpyreNTKScalingRotaryEmbedding": "rotary",
+    "SpyreDynamicNTKScalingRotaryEmbedding": "rotary",
+    "SpyreDynamicNTKAlphaRotaryEmbedding": "rotary",
+    "SpyrePhi3LongRoPEScaledRotaryEmbedding": "rotary",
+    "SpyreGemmaRMSNorm": "gemma_norm",
+    "SpyreRMSNorm": "head_norm",
+    "SpyreGateLinear": "gate_linear",
+}
+
 #: Public name -> defining module (imported on first access). Even ``register_ops``
 #: (the entry point) is resolved lazily: the core imports this package early, from
 #: inside vLLM's own import of ``vllm.config``, to read the package's settings
@@ -25,26 +50,9 @@ _EXPORTS = {
     "SpyreUnquantizedLinearMethod": "transposed_weight",
     "install_transposed_method": "transposed_weight",
     "spyre_linear_t": "transposed_weight",
-    "SpyreColumnParallelLinear": "linear",
-    "SpyreMergedColumnParallelLinear": "linear",
-    "SpyreQKVParallelLinear": "linear",
-    "SpyreReplicatedLinear": "linear",
-    "SpyreRowParallelLinear": "linear",
-    "SpyreParallelLMHead": "lm_head",
     "SpyreUnquantizedLMHeadMethod": "lm_head",
-    "SpyreLogitsProcessor": "logits",
-    "SpyreVocabParallelEmbedding": "embedding",
-    "SpyreRotaryEmbedding": "rotary",
-    "SpyreLlama3RotaryEmbedding": "rotary",
-    "SpyreYaRNScalingRotaryEmbedding": "rotary",
-    "SpyreLinearScalingRotaryEmbedding": "rotary",
-    "SpyreNTKScalingRotaryEmbedding": "rotary",
-    "SpyreDynamicNTKScalingRotaryEmbedding": "rotary",
-    "SpyreDynamicNTKAlphaRotaryEmbedding": "rotary",
-    "SpyreGemmaRMSNorm": "gemma_norm",
-    "SpyreRMSNorm": "head_norm",
-    "SpyreGateLinear": "gate_linear",
     "spyre_convert": "convert",
+    **LAYER_SWAPS,
 }
 
 
@@ -55,4 +63,4 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
-__all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ = ["LAYER_SWAPS", "__version__", *sorted(_EXPORTS)]

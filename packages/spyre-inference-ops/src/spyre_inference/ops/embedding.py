@@ -28,7 +28,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 
 from spyre_inference.ops import int8_vocab
-from spyre_inference.ops._oot import spyre_oot
+from spyre_inference.platform.layer_swaps import spyre_oot
 
 
 def build_shard_tables(

@@ -17,7 +17,7 @@ import torch
 from vllm.model_executor.layers.fused_moe.router.gate_linear import GateLinear
 from vllm.model_executor.layers.quantization import QuantizationConfig
 
-from spyre_inference.ops._oot import spyre_oot
+from spyre_inference.platform.layer_swaps import spyre_oot
 
 
 @spyre_oot(GateLinear)

@@ -17,8 +17,8 @@ from typing import Any
 import torch
 from vllm.model_executor.layers.layernorm import GemmaRMSNorm
 
-from spyre_inference.ops._oot import spyre_oot
 from spyre_inference.ops.head_norm import HeadPaddedNorm
+from spyre_inference.platform.layer_swaps import spyre_oot
 
 
 def gemma_rms_norm_native_dtype(

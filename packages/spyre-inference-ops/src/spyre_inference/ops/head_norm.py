@@ -28,8 +28,8 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.utils import set_weight_attrs
 
-from spyre_inference.ops._oot import spyre_oot
 from spyre_inference.ops.stick_pad_load import pad_heads
+from spyre_inference.platform.layer_swaps import spyre_oot
 from spyre_inference.platform.stick_pad import DimPad, current_plan
 
 

@@ -28,7 +28,6 @@ from vllm.model_executor.layers.linear import (
     RowParallelLinear,
 )
 
-from spyre_inference.ops._oot import spyre_oot
 from spyre_inference.ops.stick_pad_load import (
     pad_mlp_output,
     pad_qkv_shard,
@@ -38,6 +37,7 @@ from spyre_inference.ops.transposed_weight import (
     SpyreTransposedWeightMethod,
     install_transposed_method,
 )
+from spyre_inference.platform.layer_swaps import spyre_oot
 from spyre_inference.platform.stick_pad import DimPad, StickPadPlan, current_plan
 
 

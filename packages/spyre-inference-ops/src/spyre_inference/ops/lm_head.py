@@ -21,9 +21,9 @@ from vllm.model_executor.layers.vocab_parallel_embedding import (
 )
 
 from spyre_inference.ops import int8_vocab
-from spyre_inference.ops._oot import spyre_oot
 from spyre_inference.ops.transposed_weight import SpyreTransposedWeightMethod
 from spyre_inference.platform.device import STICK_ELEMS
+from spyre_inference.platform.layer_swaps import spyre_oot
 
 #: Spyre has 32 cores; a vocabulary that is a multiple of 32 sticks splits
 #: evenly across them.

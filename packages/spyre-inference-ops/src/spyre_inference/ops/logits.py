@@ -15,10 +15,10 @@ import torch
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
 
-from spyre_inference.ops._oot import spyre_oot
 from spyre_inference.ops.convert import spyre_convert
 from spyre_inference.ops.lm_head import SpyreUnquantizedLMHeadMethod
 from spyre_inference.ops.transposed_weight import OUT_FEATURES_ATTR, spyre_linear_t
+from spyre_inference.platform.layer_swaps import spyre_oot
 
 
 @spyre_oot(LogitsProcessor)

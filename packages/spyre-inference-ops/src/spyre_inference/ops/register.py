@@ -14,21 +14,14 @@ from __future__ import annotations
 import importlib
 import logging
 
-from spyre_inference.ops._oot import declared_swaps, ensure_registered
+from spyre_inference.ops import LAYER_SWAPS
+from spyre_inference.platform import layer_swaps
 
 logger = logging.getLogger(__name__)
 
-#: Modules whose import declares layer swaps (one concept each).
-LAYER_MODULES = (
-    "spyre_inference.ops.linear",
-    "spyre_inference.ops.lm_head",
-    "spyre_inference.ops.logits",
-    "spyre_inference.ops.embedding",
-    "spyre_inference.ops.rotary",
-    "spyre_inference.ops.head_norm",
-    "spyre_inference.ops.gemma_norm",
-    "spyre_inference.ops.gate_linear",
-)
+PACKAGE = "spyre_inference.ops"
+#: Modules whose import declares layer swaps (one concept each), from LAYER_SWAPS.
+LAYER_MODULES = tuple(dict.fromkeys(f"{PACKAGE}.{module}" for module in LAYER_SWAPS.values()))
 CONVERT_MODULE = "spyre_inference.ops.convert"
 QUANTIZED_KERNELS_MODULE = "spyre_inference.ops.quantized_linear"
 FP8_OPS_MODULE = "spyre_inference.ops.fp8_quant_ops"
@@ -48,8 +41,8 @@ def register_all() -> dict[str, type]:
     importlib.import_module(FP8_OPS_MODULE).register_missing()
     # Imports are cached: if vLLM's registry was reset since (tests do), this
     # puts the swaps back; otherwise it only checks them.
-    ensure_registered()
-    swaps = declared_swaps()
+    layer_swaps.ensure_registered()
+    swaps = layer_swaps.declared_swaps(PACKAGE)
     if not _logged:
         logger.info("spyre-inference layer swaps registered: %s", ", ".join(sorted(swaps)))
         _logged = True

@@ -21,7 +21,10 @@ whereas indexing an already-materialised device cache is clean.
 Every vLLM RoPE variant whose forward is upstream's plain ``cos_sin_cache``
 gather (default, llama3, YaRN, linear, NTK, dynamic NTK) differs from the
 default only in how it fills that table, so one mixin serves them all: the
-upstream ``__init__`` runs, then the rotation cache is built from its table.
+upstream ``__init__`` runs, then the rotation cache is built from its table
+(``_recompute_table`` is the per-variant hook). Longrope (Phi-3) fixes its
+short-or-long choice per engine, so its table is one of two and it joins the
+family the same way.
 
 Only neox-style, full-width rotary is supported: the 2x2 form pairs the two
 halves of a whole head. Anything else raises ``NotImplementedError`` when the
@@ -46,8 +49,11 @@ from vllm.model_executor.layers.rotary_embedding import (
     RotaryEmbedding,
     YaRNScalingRotaryEmbedding,
 )
+from vllm.model_executor.layers.rotary_embedding.phi3_long_rope_scaled_rope import (
+    Phi3LongRoPEScaledRotaryEmbedding,
+)
 
-from spyre_inference.ops._oot import spyre_oot
+from spyre_inference.platform.layer_swaps import spyre_oot, spyre_replaces_built
 from spyre_inference.platform.stick_pad import DimPad, current_plan
 
 
@@ -57,6 +63,18 @@ def rotation_cache_from_cos_sin(cos_sin_cache: torch.Tensor) -> torch.Tensor:
     first_row = torch.stack((cos, -sin), dim=1)
     second_row = torch.stack((sin, cos), dim=1)
     return torch.stack((first_row, second_row), dim=1).contiguous()
+
+
+def pad_table_halves(cos_sin: torch.Tensor, pad: DimPad) -> torch.Tensor:
+    """``[P, original]`` cos | sin table -> ``[P, padded]`` with the identity rotation
+    (cos 1, sin 0) on each half's padded entries.
+
+    Stick padding widens the head with zeros at the end of each rotary half (the
+    QKV loader's layout); the identity keeps those entries zero.
+    """
+    cos, sin = cos_sin.chunk(2, dim=-1)
+    extra = (pad.padded - pad.original) // 2
+    return torch.cat((F.pad(cos, (0, extra), value=1.0), F.pad(sin, (0, extra), value=0.0)), -1)
 
 
 def rotate_neox_2x2(x: torch.Tensor, rotation: torch.Tensor, head_size: int) -> torch.Tensor:
@@ -129,6 +147,10 @@ class _SpyreRotaryMixin:
             return None
         return pad
 
+    def _recompute_table(self) -> torch.Tensor:
+        """Upstream's ``cos | sin`` table at the current ``rotary_dim`` (the variant's hook)."""
+        return self._compute_cos_sin_cache()  # type: ignore[attr-defined]
+
     def _build_rotation_cache(self) -> None:
         pad = self._head_pad()
         if pad is not None:
@@ -139,14 +161,10 @@ class _SpyreRotaryMixin:
             padded_dim = self.rotary_dim
             self.rotary_dim = pad.original
             try:
-                original = self._compute_cos_sin_cache()  # type: ignore[attr-defined]
+                original = self._recompute_table()
             finally:
                 self.rotary_dim = padded_dim
-            cos, sin = original.chunk(2, dim=-1)
-            extra = (pad.padded - pad.original) // 2
-            cos = F.pad(cos, (0, extra), value=1.0)
-            sin = F.pad(sin, (0, extra), value=0.0)
-            self.cos_sin_cache = torch.cat((cos, sin), dim=-1).to(self.dtype)
+            self.cos_sin_cache = pad_table_halves(original, pad).to(self.dtype)
         # Scaled variants tabulate max_position_embeddings * factor positions
         # (131k for a YaRN x4 Qwen2.5, a million for Gemma 3 27B's linear x8);
         # positions never reach max_model_len, and the card holds what is kept.
@@ -235,14 +253,114 @@ class SpyreDynamicNTKAlphaRotaryEmbedding(_SpyreRotaryMixin, DynamicNTKAlphaRota
     """``rope_type: dynamic`` with ``alpha`` (Hunyuan): a statically stretched base."""
 
 
+@spyre_replaces_built(Phi3LongRoPEScaledRotaryEmbedding)
+class SpyrePhi3LongRoPEScaledRotaryEmbedding(_SpyreRotaryMixin, Phi3LongRoPEScaledRotaryEmbedding):
+    """``rope_type: longrope`` (Phi-3, Phi-3.5): per-frequency short and long factors.
+
+    vLLM 0.33 chooses the factors once per engine (``use_long_rope``: the long
+    ones when ``max_model_len`` exceeds ``original_max_position_embeddings``)
+    and indexes the long half of its joint short|long table at ``position +
+    original_max_position_embeddings``, an integer add on every step. The
+    rotation cache holds the chosen table alone, indexed by position, so the
+    forward is the family's plain gather.
+
+    Upstream is a plain ``nn.Module`` (not a ``CustomOp``), which vLLM's
+    out-of-tree registry never sees: the runner swaps the built instances
+    (:func:`~spyre_inference.platform.layer_swaps.swap_built_modules`), before
+    the model moves to the device.
+    """
+
+    #: Upstream refuses anything else at construction.
+    is_neox_style = True
+    long_short_cos_sin_cache: torch.Tensor
+    use_long_rope: bool
+    original_max_position_embeddings: int
+    max_position_embeddings: int
+    short_factor: list[float]
+    long_factor: list[float]
+    short_mscale: float
+    long_mscale: float
+
+    _UPSTREAM_FIELDS = (
+        "head_size",
+        "rotary_dim",
+        "max_position_embeddings",
+        "original_max_position_embeddings",
+        "base",
+        "short_factor",
+        "long_factor",
+        "short_mscale",
+        "long_mscale",
+        "use_long_rope",
+    )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The joint table is upstream's forward's alone; the rotation cache replaces it.
+        del self.long_short_cos_sin_cache
+
+    @classmethod
+    def from_upstream(
+        cls, upstream: Phi3LongRoPEScaledRotaryEmbedding
+    ) -> SpyrePhi3LongRoPEScaledRotaryEmbedding:
+        """The Spyre module for an already-built upstream one (same factors and choice)."""
+        new = cls.__new__(cls)
+        torch.nn.Module.__init__(new)
+        for name in cls._UPSTREAM_FIELDS:
+            setattr(new, name, getattr(upstream, name))
+        new.dtype = upstream.long_short_cos_sin_cache.dtype
+        new.cos_sin_cache = new._recompute_table()
+        new._check_supported()
+        new._build_rotation_cache()
+        return new
+
+    def _check_supported(self) -> None:
+        if getattr(self, "cos_sin_cache", None) is None:
+            self.dtype = self.long_short_cos_sin_cache.dtype
+            self.cos_sin_cache = self._recompute_table()
+        super()._check_supported()
+
+    def _recompute_table(self) -> torch.Tensor:
+        # One factor per frequency of the current width: under head-dim stick
+        # padding the config's lists were extended for the padded width (the
+        # platform's stick_pad), and the original width uses the leading ones.
+        pairs = self.rotary_dim // 2
+        if self.use_long_rope:
+            rows, factors, mscale = (
+                self.max_position_embeddings,
+                self.long_factor,
+                self.long_mscale,
+            )
+        else:
+            rows, factors, mscale = (
+                self.original_max_position_embeddings,
+                self.short_factor,
+                self.short_mscale,
+            )
+        return self._compute_cos_sin_cache(rows, factors[:pairs], mscale).to(self.dtype)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor | None = None,
+        offsets: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if offsets is not None:
+            raise NotImplementedError("longrope with per-request position offsets")
+        return self.forward_oot(positions, query, key)
+
+
 __all__ = [
     "SpyreDynamicNTKAlphaRotaryEmbedding",
     "SpyreDynamicNTKScalingRotaryEmbedding",
     "SpyreLinearScalingRotaryEmbedding",
     "SpyreLlama3RotaryEmbedding",
     "SpyreNTKScalingRotaryEmbedding",
+    "SpyrePhi3LongRoPEScaledRotaryEmbedding",
     "SpyreRotaryEmbedding",
     "SpyreYaRNScalingRotaryEmbedding",
+    "pad_table_halves",
     "rotate_neox_2x2",
     "rotation_cache_from_cos_sin",
 ]

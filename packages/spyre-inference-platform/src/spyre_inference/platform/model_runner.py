@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from vllm.config import CompilationMode, VllmConfig
+from vllm.config import CompilationMode, VllmConfig, set_current_vllm_config
 from vllm.distributed.parallel_state import get_pp_group
 from vllm.lora.layers import LoRAMappingType
 from vllm.model_executor.model_loader import get_model
@@ -27,7 +27,7 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache, map_kv_caches_to_kernel_blocks
 
 from spyre_inference.platform import device as dev
-from spyre_inference.platform import settings
+from spyre_inference.platform import layer_swaps, settings
 from spyre_inference.platform.block_compile import CompileReport, compile_model
 from spyre_inference.platform.buffers import SpyreCpuGpuBuffer, alias_host_buffers
 from spyre_inference.platform.host_env import cuda_stream_placeholders, neutralize_cuda_runtime
@@ -82,6 +82,14 @@ class TorchSpyreModelRunner(GPUModelRunner):
         # Layers' process_weights_after_loading (transposes, padding) runs
         # inside get_model, while the weights are still on the host.
         model = get_model(vllm_config=self.vllm_config)
+        # Layers vLLM's out-of-tree registry cannot reach (plain nn.Modules),
+        # swapped while the model is still on the host and nothing is compiled.
+        with set_current_vllm_config(self.vllm_config):
+            swapped = layer_swaps.swap_built_modules(model)
+        if swapped:
+            logger.info(
+                "Swapped %d built layer(s): %s", len(swapped), sorted(set(swapped.values()))
+            )
         if self.lora_config:
             # vLLM's LoRA layers wrap the swapped linears (LoRA's layer match
             # resolves out-of-tree classes) and add the adapters through the

@@ -161,6 +161,37 @@ def head_dim_to_pad(vllm_config: VllmConfig) -> int | None:
     return head_dim if head_dim % STICK_ELEMS else None
 
 
+#: Rope parameters that hold one entry per rotary frequency (longrope, Phi-3).
+PER_FREQUENCY_ROPE_FIELDS = ("short_factor", "long_factor")
+
+
+def _widen_rope_factors(text_config: Any, pad: DimPad) -> None:
+    """Give per-frequency RoPE factor lists one entry per frequency of the padded head.
+
+    vLLM builds RoPE at the widened head size, and longrope's upstream
+    constructor multiplies its factor list with one inverse frequency per pair
+    of the *padded* head. The appended factors (1.0) only shape that table: the
+    ops package's RoPE recomputes its rotations at the original width and gives
+    the padded pairs the identity rotation.
+    """
+    params = getattr(text_config, "rope_parameters", None)
+    if not isinstance(params, dict):
+        return
+    if params and all(isinstance(v, dict) for v in params.values()):  # per layer type
+        text_config.rope_parameters = {k: _widened_factors(v, pad) for k, v in params.items()}
+    else:
+        text_config.rope_parameters = _widened_factors(params, pad)
+
+
+def _widened_factors(params: dict[str, Any], pad: DimPad) -> dict[str, Any]:
+    out = dict(params)
+    for field in PER_FREQUENCY_ROPE_FIELDS:
+        factors = out.get(field)
+        if isinstance(factors, list) and len(factors) == pad.original // 2:
+            out[field] = [*factors, *([1.0] * ((pad.padded - pad.original) // 2))]
+    return out
+
+
 def widen_config(vllm_config: VllmConfig) -> StickPadPlan | None:
     """Widen the model config to whole sticks and record the plan (idempotent).
 
@@ -202,6 +233,7 @@ def widen_config(vllm_config: VllmConfig) -> StickPadPlan | None:
 
     if plan.head_dim is not None:
         text_config.head_dim = plan.head_dim.padded
+        _widen_rope_factors(text_config, plan.head_dim)
         logger.info(
             "Padding head_dim %d -> %d (64-element Spyre stick); attention keeps the "
             "scale of the original head size.",

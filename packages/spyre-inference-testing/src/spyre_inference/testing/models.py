@@ -156,6 +156,16 @@ KINDS: dict[str, TinyModelKind] = {
         {**_DECODER_COMMON, "rope_parameters": _rope(1000000.0)},
         has_head_dim=False,
     ),
+    "phi3": TinyModelKind(
+        # Fused qkv_proj / gate_up_proj on disk; head_dim 32 (hidden / heads), so
+        # off the 64-element stick. Pass rope_parameters (longrope) and
+        # original_max_position_embeddings for Phi-3's long-context RoPE.
+        "phi3",
+        "Phi3ForCausalLM",
+        "decoder",
+        {**_DECODER_COMMON, "num_attention_heads": 8, "rope_parameters": _rope(10000.0)},
+        has_head_dim=False,
+    ),
     "gemma3": TinyModelKind(
         "gemma3_text",
         "Gemma3ForCausalLM",
@@ -450,7 +460,7 @@ def build_tiny_model(
 ) -> Path:
     """Build a tiny random model of ``kind`` and save it, with the tokenizer, in ``out_dir``.
 
-    ``kind`` is one of :data:`KINDS` (llama, granite, qwen2, qwen3, gemma2, gemma3, mixtral,
+    ``kind`` is one of :data:`KINDS` (llama, granite, qwen2, qwen3, phi3, gemma2, gemma3, mixtral,
     qwen3_moe, bert, roberta). ``overrides`` are HF config fields
     (``num_hidden_layers=3``, ``head_dim=32``, ``intermediate_size=200``,
     ``num_key_value_heads=1``, ``sliding_window=...``), plus ``rope_theta=``
