@@ -2,7 +2,8 @@
 
 Tiny random ``GraniteMoeHybridForCausalLM`` checkpoints (layers mamba,
 attention, mamba, mamba; Mamba2 heads of 32 and a state of 48, off the
-64-element stick; Granite's multipliers) run through vLLM's own model class
+64-element stick, so their states are stored stick-padded; Granite's
+multipliers) run through vLLM's own model class
 with the plugin's Mamba2 mixer (``spyre_inference.models.mamba2``) and the
 hybrid KV-cache manager, compiled per block as served, in float32. The
 reference is transformers' own model (its PyTorch Mamba2 path), greedy, one
@@ -29,6 +30,23 @@ def _mixer_classes(model):
     return sorted({type(m).__name__ for m in model.modules() if "Mamba" in type(m).__name__})
 
 
+def _state_shapes(model):
+    return [
+        [list(t.shape) for t in m.kv_cache]
+        for m in model.modules()
+        if type(m).__name__ == "SpyreMambaMixer2"
+    ]
+
+
+def assert_states_in_whole_sticks(llm) -> None:
+    """The tiny model's head 32 / state 48 / conv width 608 are stored padded to sticks."""
+    (shapes,) = llm.apply_model(_state_shapes)
+    assert shapes
+    for conv, ssm in shapes:
+        assert ssm[-2:] == [64, 64], ssm
+        assert max(conv[1:]) == 640, conv  # 2 * 256 + 2 * 48 = 608 channels, padded
+
+
 def _check_greedy(llm, model_dir) -> None:
     from vllm import SamplingParams
 
@@ -46,6 +64,10 @@ def test_granite_hybrid_greedy_equals_hf(tiny_model_factory, make_llm, experts) 
     llm = make_llm(model, dtype="float32", enable_prefix_caching=False)
     (classes,) = llm.apply_model(_mixer_classes)
     assert "SpyreMambaMixer2" in classes
+    # The model class reports the padded state shapes to vLLM's page planning.
+    (model_class,) = llm.apply_model(lambda m: type(m).__name__)
+    assert model_class == "SpyreGraniteMoeHybridForCausalLM"
+    assert_states_in_whole_sticks(llm)
     _check_greedy(llm, model)
 
 

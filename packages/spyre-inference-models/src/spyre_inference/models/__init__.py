@@ -50,6 +50,7 @@ _ADAPTED_MODULES: dict[str, tuple[str, ...]] = {
         "RobertaForTokenClassification",
     ),
     "gemma4": ("Gemma4ForCausalLM",),
+    "granitemoehybrid": ("GraniteMoeHybridForCausalLM",),
     "transformers_backend": ("TransformersForCausalLM",),
 }
 
@@ -66,6 +67,7 @@ _ADAPTED_ARCHS: dict[str, str] = {
     "RobertaForTokenClassification": "RobertaForTokenClassification",
     "XLMRobertaForTokenClassification": "RobertaForTokenClassification",
     "Gemma4ForCausalLM": "Gemma4ForCausalLM",
+    "GraniteMoeHybridForCausalLM": "GraniteMoeHybridForCausalLM",
     # model_impl="transformers" (and the automatic fallback) resolves text
     # generation models to this architecture name.
     "TransformersForCausalLM": "TransformersForCausalLM",

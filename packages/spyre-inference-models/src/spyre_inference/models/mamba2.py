@@ -19,7 +19,9 @@ keeps everything of it but the conv + scan step, which it computes in PyTorch:
 
 The states live where vLLM's hybrid KV-cache manager puts them (``MambaSpec``
 pages, through the runner's KV-cache allocation): ``kv_cache[0]`` the conv
-state, ``kv_cache[1]`` the SSM state ``[slots, heads, head_dim, d_state]``.
+state, ``kv_cache[1]`` the SSM state ``[slots, heads, head_dim, d_state]``,
+each width rounded up to whole 64-element sticks (:func:`stick_padded_state_shapes`;
+the pads hold zeros and add nothing).
 Slot indices are host integers and the whole step runs inside vLLM's opaque
 ``mamba_mixer2`` op, like attention inside its own: the block graph around it
 (in/out projections, gated norm) compiles as usual.
@@ -53,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.mamba.mamba_mixer2 import MambaMixer2
+from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 
 from spyre_inference.platform import device as dev
 from spyre_inference.platform.layer_swaps import spyre_oot
@@ -72,6 +75,33 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     float32 for free, and the scan's decays compound over long prompts.
     """
     return dtype if dev.is_spyre() else torch.float32
+
+
+def stick_padded_state_shapes(
+    shapes: tuple[tuple[int, ...], ...],
+) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    """vLLM's Mamba2 ``(conv, ssm)`` state shapes with their widths in whole sticks.
+
+    The conv state's channel width (``intermediate + 2 * groups * d_state`` per
+    rank) and the SSM state's ``head_dim`` and ``d_state`` are rounded up to
+    64-element sticks (spec, "stick alignment"); the padded entries stay zero.
+    Granite 4's checkpoints (head 64, state 128) are already whole sticks, so
+    their shapes do not change.
+    """
+    if len(shapes) != 2:
+        raise NotImplementedError(f"Mamba2 states of {len(shapes)} tensors (expected conv, ssm)")
+    conv, (heads, head_dim, state) = shapes
+    if is_conv_state_dim_first():
+        conv = (dev.round_up(conv[0]), conv[1])
+    else:
+        conv = (conv[0], dev.round_up(conv[1]))
+    return conv, (heads, dev.round_up(head_dim), dev.round_up(state))
+
+
+def _pad_last(t: torch.Tensor, size: int) -> torch.Tensor:
+    """Zero-pad the last dimension of ``t`` to ``size`` entries (no-op when equal)."""
+    extra = size - t.shape[-1]
+    return F.pad(t, (0, extra)) if extra else t
 
 
 @functools.cache
@@ -250,6 +280,12 @@ def _step_index(md: Any, key: str, build: Callable[[], torch.Tensor]) -> torch.T
 class SpyreMambaMixer2(MambaMixer2):
     """``MambaMixer2`` with its conv + scan step in PyTorch (see the module docstring)."""
 
+    def get_state_shape(self) -> tuple[tuple[int, ...], ...]:
+        # The states vLLM allocates for this layer; the model class reports the
+        # same padded shapes for vLLM's page-size planning
+        # (spyre_inference.models.granitemoehybrid).
+        return stick_padded_state_shapes(tuple(super().get_state_shape()))
+
     def conv_ssm_forward(self, projected_states: torch.Tensor, output: torch.Tensor) -> None:
         forward_context = get_forward_context()
         metadata_by_layer = forward_context.attn_metadata
@@ -285,10 +321,25 @@ class SpyreMambaMixer2(MambaMixer2):
         num_d, num_p = md.num_decode_tokens, md.num_prefill_tokens
         actual = num_d + num_p
 
+        # Stick-padded widths (stick_padded_state_shapes): the conv runs over
+        # conv_width channels (zero input, weight and bias on the pad), the scan
+        # over head_width x state_width (zero x, B and C on the pad, so the pad
+        # of the state stays zero and adds nothing to y).
+        conv_width = conv_state.shape[-2]
+        head_width, state_width = ssm_state.shape[-2:]
+        weight = _pad_last(weight.t(), conv_width).t()
+        bias = None if bias is None else _pad_last(bias, conv_width)
+        xbc = _pad_last(xbc, conv_width)
+
         def split_xbc(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            xs, b, c = torch.split(t, [inter, gstate, gstate], dim=-1)
+            pad = conv_width - inter - 2 * gstate
+            xs, b, c, _ = torch.split(t, [inter, gstate, gstate, pad], dim=-1)
             n = t.shape[0]
-            return xs.view(n, heads, self.head_dim), b.view(n, groups, -1), c.view(n, groups, -1)
+            return (
+                _pad_last(xs.view(n, heads, self.head_dim), head_width),
+                _pad_last(b.view(n, groups, -1), state_width),
+                _pad_last(c.view(n, groups, -1), state_width),
+            )
 
         cdt = compute_dtype(xbc.dtype)
         if num_d:
@@ -313,7 +364,7 @@ class SpyreMambaMixer2(MambaMixer2):
                 self.D,
             )
             ssm_state.index_copy_(0, index, new.to(ssm_state.dtype))
-            output[:num_d].copy_(y.reshape(num_d, -1))
+            output[:num_d].copy_(y[..., : self.head_dim].reshape(num_d, -1))
 
         if num_p:
             starts = _host_ints(md.query_start_loc_p)
@@ -341,7 +392,7 @@ class SpyreMambaMixer2(MambaMixer2):
                     ssm_state[slot] if initial[i] else None,
                 )
                 ssm_state[slot].copy_(final.to(ssm_state.dtype))
-                output[lo:hi].copy_(y.reshape(hi - lo, -1))
+                output[lo:hi].copy_(y[..., : self.head_dim].reshape(hi - lo, -1))
 
         if actual < output.shape[0]:
             # Padding rows of the step's bucket: zero, not left uninitialised
@@ -363,4 +414,5 @@ __all__ = [
     "causal_conv1d",
     "ssd_scan",
     "ssd_step",
+    "stick_padded_state_shapes",
 ]
