@@ -273,9 +273,9 @@ def _build_tiny_gemma4_moe(out_dir):
     """A 2-layer Gemma 4 text model with 4 experts (top-2) and a non-uniform per_expert_scale.
 
     Built like the core's tiny models (same seeded initialisation and test
-    tokenizer); Gemma 4's per-layer-input embeddings are switched off and both
-    layer types use full-width default RoPE, which the rest of the plugin
-    supports.
+    tokenizer); Gemma 4's per-layer-input embeddings are switched off; the
+    global layers use Gemma 4's proportional RoPE (a quarter of the pairs
+    rotate), through the ops package's Spyre swap.
     """
     import transformers
     from transformers import AutoConfig
@@ -307,7 +307,12 @@ def _build_tiny_gemma4_moe(out_dir):
         layer_types=["sliding_attention", "full_attention"],
         rope_parameters={
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            # Gemma 4's own global RoPE: a quarter of the pairs rotate.
+            "full_attention": {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+            },
         },
         hidden_size_per_layer_input=0,
         vocab_size_per_layer_input=VOCAB_SIZE,
@@ -342,6 +347,9 @@ def _gemma4_recipes(model):
         "model": type(model).__name__,
         "recipes": len(recipes),
         "scales": [r.expert_scale().tolist() for r in recipes if r.expert_scale is not None],
+        "ropes": sorted(
+            {n for m in model.modules() if (n := type(m).__name__).endswith("RotaryEmbedding")}
+        ),
     }
 
 
@@ -351,6 +359,7 @@ def test_gemma4_moe_greedy_equals_hf(tmp_path_factory, make_llm) -> None:
     llm = make_llm(model, dtype="float32", enforce_eager=True)
     (info,) = llm.apply_model(_gemma4_recipes)
     assert info["model"] == "SpyreGemma4ForCausalLM" and info["recipes"] == 2
+    assert info["ropes"] == ["SpyreGemma4RotaryEmbedding", "SpyreRotaryEmbedding"]
     for scale in info["scales"]:
         assert scale == pytest.approx(torch.linspace(0.5, 2.0, 4).tolist(), abs=1e-6)
     got = _greedy(llm, PROMPTS, MAX_TOKENS)

@@ -23,6 +23,7 @@ UPSTREAM_SWAPPED = frozenset(
         "DynamicNTKScalingRotaryEmbedding",
         "DynamicNTKAlphaRotaryEmbedding",
         "Phi3LongRoPEScaledRotaryEmbedding",
+        "Gemma4RotaryEmbedding",
         "RMSNorm",
         "GemmaRMSNorm",
         "GateLinear",

@@ -21,6 +21,7 @@ EXPECTED_SWAPS = {
     "NTKScalingRotaryEmbedding": "SpyreNTKScalingRotaryEmbedding",
     "DynamicNTKScalingRotaryEmbedding": "SpyreDynamicNTKScalingRotaryEmbedding",
     "DynamicNTKAlphaRotaryEmbedding": "SpyreDynamicNTKAlphaRotaryEmbedding",
+    "Gemma4RotaryEmbedding": "SpyreGemma4RotaryEmbedding",
     "RMSNorm": "SpyreRMSNorm",
     "GemmaRMSNorm": "SpyreGemmaRMSNorm",
     "GateLinear": "SpyreGateLinear",

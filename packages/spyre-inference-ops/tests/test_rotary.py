@@ -67,6 +67,11 @@ VARIANTS = {
     "linear": ({"rope_type": "linear", "factor": 8.0}, "LinearScalingRotaryEmbedding"),
     "ntk": ({"rope_type": "ntk", "factor": 2.0, "mixed_b": 0.8}, "NTKScalingRotaryEmbedding"),
     "dynamic": ({"rope_type": "dynamic", "factor": 2.0}, "DynamicNTKScalingRotaryEmbedding"),
+    # Gemma 4's global layers: a quarter of the pairs rotate, the rest are identity.
+    "proportional": (
+        {"rope_type": "proportional", "partial_rotary_factor": 0.25},
+        "Gemma4RotaryEmbedding",
+    ),
     "dynamic_alpha": (
         {"rope_type": "dynamic", "alpha": 1000.0},
         "DynamicNTKAlphaRotaryEmbedding",

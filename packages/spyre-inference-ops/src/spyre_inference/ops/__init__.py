@@ -33,6 +33,7 @@ LAYER_SWAPS: dict[str, str] = {
     "SpyreNTKScalingRotaryEmbedding": "rotary",
     "SpyreDynamicNTKScalingRotaryEmbedding": "rotary",
     "SpyreDynamicNTKAlphaRotaryEmbedding": "rotary",
+    "SpyreGemma4RotaryEmbedding": "rotary",
     "SpyrePhi3LongRoPEScaledRotaryEmbedding": "rotary",
     "SpyreGemmaRMSNorm": "gemma_norm",
     "SpyreRMSNorm": "head_norm",

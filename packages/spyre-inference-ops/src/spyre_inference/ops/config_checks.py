@@ -11,7 +11,8 @@ What the config says about RoPE, read the way vLLM 0.33 reads it:
 * partial rotary: ``get_rope`` rotates ``rope_dim`` entries, or
   ``head_size * partial_rotary_factor`` (from the rope parameters, where
   vLLM's ``patch_rope_parameters`` also moves the legacy ``rotary_pct`` /
-  ``rotary_emb_fraction`` names);
+  ``rotary_emb_fraction`` names), except for Gemma 4's ``proportional`` type,
+  which rotates the whole head with the identity on the pairs past the factor;
 * interleaved (GPT-J-style, ``is_neox_style=False``): not in the config; each
   vLLM model class passes it. :data:`INTERLEAVED_ROPE_ARCHITECTURES` lists the
   text-generation classes of vLLM 0.33 that always do (ChatGLM does when its
@@ -43,6 +44,9 @@ INTERLEAVED_ROPE_ARCHITECTURES = frozenset(
         "BailingMoeV3ForCausalLM",
     }
 )
+#: Rope types whose partial factor still rotates the whole head (the pairs past
+#: the factor get the identity rotation): Gemma 4's ``proportional``.
+FULL_HEAD_PARTIAL_ROPE_TYPES = frozenset({"proportional"})
 _CHATGLM_ARCHITECTURES = frozenset({"ChatGLMModel", "ChatGLMForConditionalGeneration"})
 
 _FIX = (
@@ -92,6 +96,8 @@ def check_rotary(vllm_config: VllmConfig) -> None:
 
     head_size = model_config.get_head_size()
     for params in _rope_parameter_sets(text_config):
+        if params.get("rope_type") in FULL_HEAD_PARTIAL_ROPE_TYPES:
+            continue
         rope_dim = params.get("rope_dim")
         factor = params.get(
             "partial_rotary_factor", getattr(text_config, "partial_rotary_factor", 1.0)

@@ -19,7 +19,7 @@ lazily inside a traced forward segfaults libsenlib during warm-up on Spyre,
 whereas indexing an already-materialised device cache is clean.
 
 Every vLLM RoPE variant whose forward is upstream's plain ``cos_sin_cache``
-gather (default, llama3, YaRN, linear, NTK, dynamic NTK) differs from the
+gather (default, llama3, YaRN, linear, NTK, dynamic NTK, Gemma 4's proportional) differs from the
 default only in how it fills that table, so one mixin serves them all: the
 upstream ``__init__`` runs, then the rotation cache is built from its table
 (``_recompute_table`` is the per-variant hook). Longrope (Phi-3) fixes its
@@ -49,6 +49,7 @@ from vllm.model_executor.layers.rotary_embedding import (
     RotaryEmbedding,
     YaRNScalingRotaryEmbedding,
 )
+from vllm.model_executor.layers.rotary_embedding.gemma4_rope import Gemma4RotaryEmbedding
 from vllm.model_executor.layers.rotary_embedding.phi3_long_rope_scaled_rope import (
     Phi3LongRoPEScaledRotaryEmbedding,
 )
@@ -251,6 +252,28 @@ class SpyreDynamicNTKScalingRotaryEmbedding(_SpyreRotaryMixin, DynamicNTKScaling
 @spyre_oot(DynamicNTKAlphaRotaryEmbedding)
 class SpyreDynamicNTKAlphaRotaryEmbedding(_SpyreRotaryMixin, DynamicNTKAlphaRotaryEmbedding):
     """``rope_type: dynamic`` with ``alpha`` (Hunyuan): a statically stretched base."""
+
+
+@spyre_oot(Gemma4RotaryEmbedding)
+class SpyreGemma4RotaryEmbedding(_SpyreRotaryMixin, Gemma4RotaryEmbedding):
+    """``rope_type: proportional`` (Gemma 4's global layers): exponents over the whole
+    head and identity rotation (zero frequency) on the pairs past
+    ``partial_rotary_factor``; upstream rotates the full head, so the rotation
+    cache covers it like the default's."""
+
+    rope_angles: int
+    nope_angles: int
+
+    def _recompute_table(self) -> torch.Tensor:
+        # The exponents divide by head_size, not rotary_dim: under stick
+        # padding both are the original width while the table is recomputed.
+        saved = self.head_size, self.nope_angles
+        self.head_size = self.rotary_dim
+        self.nope_angles = self.rotary_dim // 2 - self.rope_angles
+        try:
+            return super()._recompute_table()
+        finally:
+            self.head_size, self.nope_angles = saved
 
 
 @spyre_replaces_built(Phi3LongRoPEScaledRotaryEmbedding)
