@@ -95,6 +95,47 @@ def test_greedy_close_to_transformers_float16(kind, tiny_model_factory, in_proce
     print(f"\n{kind} emulated float16: {exact}/{len(prompts)} prompts identical to HF float16")
 
 
+def _rotary_caches(model: torch.nn.Module) -> list[tuple[str, str, torch.dtype]]:
+    return [
+        (type(m).__name__, m.rotation_cache.device.type, m.rotation_cache.dtype)
+        for m in model.modules()
+        if hasattr(m, "rotation_cache")
+    ]
+
+
+def test_phi3_longrope_greedy_close_to_transformers_float16(tiny_model_factory, in_process):
+    """Longrope on the card path: vLLM's class is a plain nn.Module, replaced after the
+    model is built and before it moves to the card; the rotation cache (long factors,
+    max_model_len 512 over an original 64) is on the device, head 32 stick-padded."""
+    half = 16
+    model = tiny_model_factory(
+        "phi3",
+        rope_parameters={
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "short_factor": [1.0 + 0.05 * i for i in range(half)],
+            "long_factor": [1.0 + 1.5 * i for i in range(half)],
+            "original_max_position_embeddings": 64,
+        },
+        original_max_position_embeddings=64,
+        max_position_embeddings=1024,
+    )
+    # Over 64 tokens each, so transformers also takes the long factors.
+    prompts = list(TEST_PROMPTS[6:9])
+    llm = LLM(str(model), **ENGINE)
+    try:
+        (caches,) = llm.apply_model(_rotary_caches)
+        assert caches and set(caches) == {
+            ("SpyrePhi3LongRoPEScaledRotaryEmbedding", "spyre", torch.float16)
+        }, caches
+        got, _ = _serve_greedy(llm, prompts)
+    finally:
+        _shutdown(llm)
+    reference = hf_greedy_with_logprobs(model, prompts, MAX_TOKENS, torch.float16)
+    exact = assert_greedy_close(reference, got)
+    print(f"\nphi3 longrope emulated float16: {exact}/{len(prompts)} identical to HF float16")
+
+
 def test_lora_is_refused_on_the_card_path_before_the_engine(tiny_llama) -> None:
     """vLLM's punica kernels are host code: the card path refuses LoRA by name."""
     with pytest.raises(ValueError, match=r"LoRA \(--enable-lora / enable_lora=True\)"):
