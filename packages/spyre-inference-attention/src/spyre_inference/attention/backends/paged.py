@@ -83,6 +83,22 @@ def build_tile_mask(
     return mask.masked_fill_(~keep, ops.mask_value(dtype))
 
 
+def build_row_mask(
+    positions: torch.Tensor, kv_tokens: int, sliding_window: int | None, dtype: torch.dtype
+) -> torch.Tensor:
+    """``[R, kv_tokens]`` additive host mask of query rows at ``positions`` (``[R, 1]``).
+
+    Row r sees keys ``0..positions[r]`` (within the window); a row at position -1
+    (a padding entry) sees nothing. One vectorised build for all the rows.
+    """
+    keys = torch.arange(kv_tokens).unsqueeze(0)
+    keep = keys <= positions
+    if sliding_window is not None:
+        keep &= (positions - keys) < sliding_window
+    mask = torch.zeros(keep.shape, dtype=dtype)
+    return mask.masked_fill_(~keep, ops.mask_value(dtype))
+
+
 def build_alibi_bias(
     context_len: int, query_bucket: int, kv_tokens: int, dtype: torch.dtype
 ) -> torch.Tensor:
@@ -229,18 +245,12 @@ class SpyreAttentionMetadata(AttentionMetadata):
         mask = self._decode_masks.get(sliding_window)
         if mask is None:
             batch = self.decode
+            # Entry i is the single row of a sequence of seq_lens[i] tokens, at
+            # position seq_len - 1; padding entries (position -1) see nothing.
+            positions = torch.full((batch.num_seqs_bucket, 1), -1, dtype=torch.int64)
+            positions[: batch.num_seqs, 0] = torch.tensor(batch.seq_lens, dtype=torch.int64) - 1
             kv_tokens = batch.kv_block_bucket * self.block_size
-            # Entry i is the single row of a sequence of seq_lens[i] tokens: it
-            # sees keys 0..seq_len-1 (within the window); padding entries see
-            # nothing. One vectorised host build for the whole batch.
-            seq_lens = torch.zeros((batch.num_seqs_bucket, 1), dtype=torch.int64)
-            seq_lens[: batch.num_seqs, 0] = torch.tensor(batch.seq_lens, dtype=torch.int64)
-            keys = torch.arange(kv_tokens).unsqueeze(0)
-            keep = keys < seq_lens
-            if sliding_window is not None:
-                keep &= (seq_lens - 1 - keys) < sliding_window
-            host = torch.zeros((batch.num_seqs_bucket, kv_tokens), dtype=self.stats_dtype)
-            host.masked_fill_(~keep, ops.mask_value(self.stats_dtype))
+            host = build_row_mask(positions, kv_tokens, sliding_window, self.stats_dtype)
             mask = placement.to_device(host)
             self._decode_masks[sliding_window] = mask
         return mask
@@ -251,13 +261,10 @@ class SpyreAttentionMetadata(AttentionMetadata):
         mask = self._host_masks.get(sliding_window)
         if mask is None:
             host = self.host
-            pos = host.positions.unsqueeze(1)
-            keys = torch.arange(host.kv_block_bucket * self.block_size).unsqueeze(0)
-            keep = keys <= pos
-            if sliding_window is not None:
-                keep &= (pos - keys) < sliding_window
-            mask = torch.zeros(keep.shape, dtype=torch.float32)
-            mask.masked_fill_(~keep, ops.mask_value(torch.float32))
+            kv_tokens = host.kv_block_bucket * self.block_size
+            mask = build_row_mask(
+                host.positions.unsqueeze(1), kv_tokens, sliding_window, torch.float32
+            )
             self._host_masks[sliding_window] = mask
         return mask
 
