@@ -43,7 +43,16 @@ PATHS = {
         {"SPYRE_CPU_GEMM_DTYPE": "float32", "SPYRE_CPU_GEMM_KERNEL": "torch"},
         "copy",
     ),
-    "onednn-packed": ({"SPYRE_CPU_GEMM_DTYPE": "model", "SPYRE_CPU_GEMM_PACK": "auto"}, "packed"),
+    # oneDNN throughout (by default the C++ op sends products of <= 2 rows to
+    # the host kernel, SPYRE_CPU_GEMM_HOST_ROWS=auto).
+    "onednn-packed": (
+        {
+            "SPYRE_CPU_GEMM_DTYPE": "model",
+            "SPYRE_CPU_GEMM_PACK": "auto",
+            "SPYRE_CPU_GEMM_HOST_ROWS": "0",
+        },
+        "packed",
+    ),
     # The C++ op of the packed path sends products of <= 4 rows (decode steps of
     # up to 4 sequences) to the host kernel, the rest to oneDNN.
     "onednn-host-rows": (
@@ -129,11 +138,11 @@ def test_forced_gemm_path_serves_close_to_hf(path, reference, make_llm, monkeypa
         # The forced ISA also selects the decode-attention kernel's build.
         (attention_isa,) = llm.apply_model(_attention_isa)
         assert attention_isa == settings["SPYRE_CPU_ISA"]
-    if path == "onednn-host-rows":
+    if path.startswith("onednn"):
         (routes,) = llm.apply_model(_packed_op_routes)
         if routes[0] != "native":
             pytest.skip("the C++ linear op cannot be built here")
-        assert routes == ("native", 4)
+        assert routes == ("native", int(settings["SPYRE_CPU_GEMM_HOST_ROWS"]))
     got = greedy(llm, PROMPTS, MAX_TOKENS)
     assert_greedy_close(ref, got, max_logprob_gap=0.2, min_exact=2)
     _tokens[path] = got

@@ -77,6 +77,18 @@ def test_rows_do_not_depend_on_batch_size():
         assert torch.equal(host_gemm_w16(x[:m], w), full[:m])
 
 
+@pytest.mark.parametrize("m", [1, 2, 3, 4])
+def test_few_rows_across_column_blocks(m):
+    """Up to 4 rows the kernel cuts the columns into blocks whose rows of the
+    output fit in L1 (4096 columns at one row, 1024 at four): a width that is
+    not a whole number of blocks, with an 8-column vector and a scalar tail,
+    is within float32 rounding and each row equals the row computed alone."""
+    x, w = _inputs(m, 70, 4096 + 1024 + 24 + 5, torch.bfloat16, seed=6)
+    y = host_gemm_w16(x, w)
+    _assert_close_to_float64(y, x, w)
+    assert torch.equal(y, torch.cat([host_gemm_w16(x[i : i + 1], w) for i in range(m)]))
+
+
 def test_rows_do_not_depend_on_threads():
     x, w = _inputs(9, 256, 1000, torch.bfloat16, seed=4)
     before = torch.get_num_threads()
@@ -119,7 +131,7 @@ def test_bad_arguments_are_errors():
 _ISA_SHAPES = [
     (m, k, n)
     for m in (1, 2, 4, 5, 8, 12, 13, 25, 40)
-    for (k, n) in ((576, 960), (100, 37), (33, 8), (7, 130), (1536, 200), (64, 56))
+    for (k, n) in ((576, 960), (100, 37), (33, 8), (7, 130), (1536, 200), (64, 56), (70, 4200))
 ]
 
 

@@ -323,3 +323,25 @@ def test_native_linear_op_routes(vllm_env):
         # Back to what this process configured at start-up.
         onednn_linear.kernel.cache_clear()
         onednn_linear.kernel()
+
+
+@pytest.mark.parametrize(
+    ("raw", "rows"), [(None, 2), ("auto", 2), ("AUTO", 2), ("0", 0), ("4", 4), ("-1", None)]
+)
+def test_host_rows_setting(monkeypatch, raw, rows):
+    """SPYRE_CPU_GEMM_HOST_ROWS: `auto` (the default) is the measured crossover, 2 rows;
+    a count is taken as given; a negative count is a start-up error naming the setting."""
+    from spyre_inference.ops.settings import AUTO_HOST_ROWS, SETTINGS
+    from spyre_inference.platform.settings import SettingError
+
+    assert AUTO_HOST_ROWS == 2
+    (setting,) = (s for s in SETTINGS if s.name == "SPYRE_CPU_GEMM_HOST_ROWS")
+    if raw is None:
+        monkeypatch.delenv("SPYRE_CPU_GEMM_HOST_ROWS", raising=False)
+    else:
+        monkeypatch.setenv("SPYRE_CPU_GEMM_HOST_ROWS", raw)
+    if rows is None:
+        with pytest.raises(SettingError, match="SPYRE_CPU_GEMM_HOST_ROWS"):
+            setting.read()
+    else:
+        assert setting.read() == rows

@@ -22,12 +22,12 @@ and one copy. cpu target only: the card runs its own matmul on ``[in, out]``.
 The op's CPU kernel is C++ (``csrc/linear_dispatch.cpp``, built once per
 machine with torch's headers) where a C++ toolchain exists: the block graphs
 call the op ~120 times per decode step and a kernel registered from Python
-puts the interpreter between the dispatcher and oneDNN on every call. With
-``SPYRE_CPU_GEMM_HOST_ROWS=N`` the same kernel sends products of at most N rows
-to the host GEMM kernel (:mod:`~spyre_inference.ops.host_gemm`) on the weight
-of record instead, where oneDNN's fixed cost per call outweighs a single
-streaming pass over the weight. Without a toolchain the Python kernel below
-runs (oneDNN only).
+puts the interpreter between the dispatcher and oneDNN on every call. The
+same kernel sends products of at most ``SPYRE_CPU_GEMM_HOST_ROWS`` rows (2 by
+default: decode steps of one or two sequences) to the host GEMM kernel
+(:mod:`~spyre_inference.ops.host_gemm`) on the weight of record instead, where
+oneDNN's fixed cost per call outweighs a single streaming pass over the
+weight. Without a toolchain the Python kernel below runs (oneDNN only).
 """
 
 from __future__ import annotations
@@ -162,7 +162,9 @@ def kernel() -> str:
     torch.ops.spyre_inference_native.set_host_gemm(address, _host_rows)
     logger.info(
         "cpu target: oneDNN linear op in C++%s",
-        f", products of <= {rows} rows on the host GEMM kernel" if address else "",
+        f", products of <= {rows} rows on the host GEMM kernel ({host_gemm.kernel_isa()} build)"
+        if address
+        else "",
     )
     return "native"
 

@@ -10,6 +10,19 @@ from __future__ import annotations
 
 from spyre_inference.platform.settings import BOOL_CHOICES, Setting, non_negative_int, parse_bool
 
+#: ``SPYRE_CPU_GEMM_HOST_ROWS=auto``: the largest product (rows) the host GEMM kernel
+#: serves in place of oneDNN. Measured on a 2-core AMD Zen 4 (AVX-512 BF16), SmolLM2's
+#: 120 decode GEMMs per step, weights cycled through DRAM, host kernel / oneDNN on
+#: prepacked weights: 1 row 0.84, 2 rows 0.86, 3 rows 0.99, 4 rows 1.10
+#: (``benchmarks/sxs/analysis/amd-avx512-bf16.md``, stop 32).
+AUTO_HOST_ROWS = 2
+
+
+def host_rows(raw: str) -> int:
+    """``auto`` -> :data:`AUTO_HOST_ROWS`, else a row count (0: oneDNN throughout)."""
+    return AUTO_HOST_ROWS if raw.lower() == "auto" else non_negative_int(raw)
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "SPYRE_CPU_GEMM_KERNEL",
@@ -46,12 +59,13 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "SPYRE_CPU_GEMM_HOST_ROWS",
-        "0",
+        "auto",
         "cpu target, with SPYRE_CPU_GEMM_PACK=auto: products of at most this many rows "
         "(a decode step of that many sequences) run on the plugin's host GEMM kernel on "
         "the `[in, out]` weight instead of oneDNN, whose fixed cost per call dominates "
-        "there; 0 sends every product to oneDNN. Needs the C++ linear op (a C++ compiler, "
-        "ninja and torch's headers).",
-        parse=non_negative_int,
+        "there; 0 sends every product to oneDNN; `auto` (2) is where the host kernel "
+        "measured faster on SmolLM2's decode GEMMs. Needs the C++ linear op (a C++ "
+        "compiler, ninja and torch's headers); the choice is logged at load.",
+        parse=host_rows,
     ),
 )

@@ -64,37 +64,51 @@ static inline float sc16(uint16_t v, int f16) {
 #define PFD 8
 #endif
 
-/* ---- few rows: stream w row segments, accumulate in y (L1/L2) ---- */
-static inline __attribute__((always_inline)) void few_rows(
-    const float *x, long M, long K, long ldx, const uint16_t *w, long ldw,
+/* ---- few rows: stream w row segments, accumulate in y (L1) ----
+ *
+ * Each group of four rows of w is widened once and applied to all M rows of x
+ * (the loop over m is innermost), and the columns are cut into blocks whose M
+ * rows of y fit in L1 (FEW_Y_BYTES), each block streaming its row segments of
+ * w over the whole k range. Measured on a 2-core Zen 4 (SmolLM2's 120 decode
+ * GEMMs, weights cycled through DRAM): with m outermost and whole rows of y,
+ * 4 rows cost 1.55x one row (each w group widened M times, y spilling to L2);
+ * see the analysis of the amd-avx512-bf16 class. The order of the FMAs into
+ * each output element is unchanged: k ascending, four at a time. */
+#define FEW_Y_BYTES 16384
+
+static inline __attribute__((always_inline)) void few_rows_block(
+    const float *x, const int M, long K, long ldx, const uint16_t *w, long ldw,
     float *y, long ldy, long n0, long n1, int f16)
 {
     long nv = (n1 - n0) / 8;          /* vector columns in [n0, n1) */
     long ns = n0 + nv * 8;            /* scalar tail start */
-    for (long m = 0; m < M; m++) memset(y + m * ldy + n0, 0, (n1 - n0) * sizeof(float));
     long k = 0;
     for (; k + 4 <= K; k += 4) {
         const uint16_t *w0 = w + k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
-        for (long m = 0; m < M; m++) {
-            const float *xm = x + m * ldx + k;
-            __m256 a0 = _mm256_broadcast_ss(xm), a1 = _mm256_broadcast_ss(xm + 1);
-            __m256 a2 = _mm256_broadcast_ss(xm + 2), a3 = _mm256_broadcast_ss(xm + 3);
-            float *ym = y + m * ldy;
-            for (long j = 0; j < nv; j++) {
-                long n = n0 + 8 * j;
-                if (m == 0 && (j & 3) == 0 && k + PFD + 4 <= K) {
-                    _mm_prefetch((const char *)(w0 + PFD * ldw + n), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(w1 + PFD * ldw + n), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(w2 + PFD * ldw + n), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(w3 + PFD * ldw + n), _MM_HINT_T0);
-                }
-                __m256 acc = _mm256_loadu_ps(ym + n);
-                acc = _mm256_fmadd_ps(a0, ld16(w0 + n, f16), acc);
-                acc = _mm256_fmadd_ps(a1, ld16(w1 + n, f16), acc);
-                acc = _mm256_fmadd_ps(a2, ld16(w2 + n, f16), acc);
-                acc = _mm256_fmadd_ps(a3, ld16(w3 + n, f16), acc);
-                _mm256_storeu_ps(ym + n, acc);
+        for (long j = 0; j < nv; j++) {
+            long n = n0 + 8 * j;
+            if ((j & 3) == 0 && k + PFD + 4 <= K) {
+                _mm_prefetch((const char *)(w0 + PFD * ldw + n), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w1 + PFD * ldw + n), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w2 + PFD * ldw + n), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w3 + PFD * ldw + n), _MM_HINT_T0);
             }
+            __m256 b0 = ld16(w0 + n, f16), b1 = ld16(w1 + n, f16);
+            __m256 b2 = ld16(w2 + n, f16), b3 = ld16(w3 + n, f16);
+            for (int m = 0; m < M; m++) {
+                const float *xm = x + m * ldx + k;
+                float *ym = y + m * ldy + n;
+                __m256 acc = _mm256_loadu_ps(ym);
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(xm), b0, acc);
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 1), b1, acc);
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 2), b2, acc);
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 3), b3, acc);
+                _mm256_storeu_ps(ym, acc);
+            }
+        }
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + m * ldx + k;
+            float *ym = y + m * ldy;
             for (long n = ns; n < n1; n++) {
                 float acc = ym[n];
                 acc = __builtin_fmaf(xm[0], sc16(w0[n], f16), acc);
@@ -107,17 +121,48 @@ static inline __attribute__((always_inline)) void few_rows(
     }
     for (; k < K; k++) {
         const uint16_t *w0 = w + k * ldw;
-        for (long m = 0; m < M; m++) {
-            const float *xm = x + m * ldx + k;
-            __m256 a0 = _mm256_broadcast_ss(xm);
-            float *ym = y + m * ldy;
-            for (long j = 0; j < nv; j++) {
-                long n = n0 + 8 * j;
-                _mm256_storeu_ps(ym + n, _mm256_fmadd_ps(a0, ld16(w0 + n, f16), _mm256_loadu_ps(ym + n)));
+        for (long j = 0; j < nv; j++) {
+            long n = n0 + 8 * j;
+            __m256 b0 = ld16(w0 + n, f16);
+            for (int m = 0; m < M; m++) {
+                float *ym = y + m * ldy + n;
+                _mm256_storeu_ps(ym, _mm256_fmadd_ps(_mm256_broadcast_ss(x + m * ldx + k), b0,
+                                                     _mm256_loadu_ps(ym)));
             }
-            for (long n = ns; n < n1; n++) ym[n] = __builtin_fmaf(xm[0], sc16(w0[n], f16), ym[n]);
         }
+        for (int m = 0; m < M; m++)
+            for (long n = ns; n < n1; n++)
+                y[m * ldy + n] = __builtin_fmaf(x[m * ldx + k], sc16(w0[n], f16), y[m * ldy + n]);
     }
+}
+
+/* Columns per block for M rows: whole 64-column runs whose M rows of y fit in
+ * FEW_Y_BYTES (at least one run). */
+static inline long few_block_cols(long M) {
+    long c = (FEW_Y_BYTES / (long)sizeof(float) / M) & ~63L;
+    return c < 64 ? 64 : c;
+}
+
+/* FEW_ROWS_BODY(block): zero y's columns [n0, n1) and run block() over them in
+ * L1-sized column blocks, with the row count a compile-time constant (1-4). */
+#define FEW_ROWS_BODY(block)                                                        \
+    for (long m = 0; m < M; m++) memset(y + m * ldy + n0, 0, (n1 - n0) * sizeof(float)); \
+    long bc = few_block_cols(M);                                                    \
+    for (long b0 = n0; b0 < n1; b0 += bc) {                                         \
+        long b1 = b0 + bc < n1 ? b0 + bc : n1;                                      \
+        switch (M) {                                                                \
+        case 1: block(x, 1, K, ldx, w, ldw, y, ldy, b0, b1, f16); break;            \
+        case 2: block(x, 2, K, ldx, w, ldw, y, ldy, b0, b1, f16); break;            \
+        case 3: block(x, 3, K, ldx, w, ldw, y, ldy, b0, b1, f16); break;            \
+        default: block(x, 4, K, ldx, w, ldw, y, ldy, b0, b1, f16); break;           \
+        }                                                                           \
+    }
+
+static inline __attribute__((always_inline)) void few_rows(
+    const float *x, long M, long K, long ldx, const uint16_t *w, long ldw,
+    float *y, long ldy, long n0, long n1, int f16)
+{
+    FEW_ROWS_BODY(few_rows_block)
 }
 
 /* ---- many rows: pack a 16-column block of w to fp32, 6x16 register tiles ---- */
@@ -209,45 +254,46 @@ static inline __attribute__((always_inline)) __m512 ld16x16(const uint16_t *p, i
 
 /* few_rows with 16-wide vectors: at most one 8-wide vector and a scalar tail
  * after them. Per element: the same chain as few_rows. */
-static inline __attribute__((always_inline)) void few_rows_512(
-    const float *x, long M, long K, long ldx, const uint16_t *w, long ldw,
+static inline __attribute__((always_inline)) void few_rows_block_512(
+    const float *x, const int M, long K, long ldx, const uint16_t *w, long ldw,
     float *y, long ldy, long n0, long n1, int f16)
 {
     long nv = (n1 - n0) / 16;
     long n8 = n0 + nv * 16;                        /* 8-wide remainder start */
     long ns = n8 + ((n1 - n8) / 8) * 8;            /* scalar tail start */
-    for (long m = 0; m < M; m++) memset(y + m * ldy + n0, 0, (n1 - n0) * sizeof(float));
     long k = 0;
     for (; k + 4 <= K; k += 4) {
         const uint16_t *w0 = w + k * ldw, *w1 = w0 + ldw, *w2 = w1 + ldw, *w3 = w2 + ldw;
-        for (long m = 0; m < M; m++) {
-            const float *xm = x + m * ldx + k;
-            __m512 a0 = _mm512_set1_ps(xm[0]), a1 = _mm512_set1_ps(xm[1]);
-            __m512 a2 = _mm512_set1_ps(xm[2]), a3 = _mm512_set1_ps(xm[3]);
-            float *ym = y + m * ldy;
-            for (long j = 0; j < nv; j++) {
-                long n = n0 + 16 * j;
-                if (m == 0 && (j & 1) == 0 && k + PFD + 4 <= K) {
-                    _mm_prefetch((const char *)(w0 + PFD * ldw + n), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(w1 + PFD * ldw + n), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(w2 + PFD * ldw + n), _MM_HINT_T0);
-                    _mm_prefetch((const char *)(w3 + PFD * ldw + n), _MM_HINT_T0);
-                }
-                __m512 acc = _mm512_loadu_ps(ym + n);
-                acc = _mm512_fmadd_ps(a0, ld16x16(w0 + n, f16), acc);
-                acc = _mm512_fmadd_ps(a1, ld16x16(w1 + n, f16), acc);
-                acc = _mm512_fmadd_ps(a2, ld16x16(w2 + n, f16), acc);
-                acc = _mm512_fmadd_ps(a3, ld16x16(w3 + n, f16), acc);
-                _mm512_storeu_ps(ym + n, acc);
+        for (long j = 0; j < nv; j++) {
+            long n = n0 + 16 * j;
+            if ((j & 1) == 0 && k + PFD + 4 <= K) {
+                _mm_prefetch((const char *)(w0 + PFD * ldw + n), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w1 + PFD * ldw + n), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w2 + PFD * ldw + n), _MM_HINT_T0);
+                _mm_prefetch((const char *)(w3 + PFD * ldw + n), _MM_HINT_T0);
             }
+            __m512 b0 = ld16x16(w0 + n, f16), b1 = ld16x16(w1 + n, f16);
+            __m512 b2 = ld16x16(w2 + n, f16), b3 = ld16x16(w3 + n, f16);
+            for (int m = 0; m < M; m++) {
+                const float *xm = x + m * ldx + k;
+                float *ym = y + m * ldy + n;
+                __m512 acc = _mm512_loadu_ps(ym);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(xm[0]), b0, acc);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(xm[1]), b1, acc);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(xm[2]), b2, acc);
+                acc = _mm512_fmadd_ps(_mm512_set1_ps(xm[3]), b3, acc);
+                _mm512_storeu_ps(ym, acc);
+            }
+        }
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + m * ldx + k;
+            float *ym = y + m * ldy;
             if (ns > n8) {
-                __m256 b0 = _mm256_broadcast_ss(xm), b1 = _mm256_broadcast_ss(xm + 1);
-                __m256 b2 = _mm256_broadcast_ss(xm + 2), b3 = _mm256_broadcast_ss(xm + 3);
                 __m256 acc = _mm256_loadu_ps(ym + n8);
-                acc = _mm256_fmadd_ps(b0, ld16(w0 + n8, f16), acc);
-                acc = _mm256_fmadd_ps(b1, ld16(w1 + n8, f16), acc);
-                acc = _mm256_fmadd_ps(b2, ld16(w2 + n8, f16), acc);
-                acc = _mm256_fmadd_ps(b3, ld16(w3 + n8, f16), acc);
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(xm), ld16(w0 + n8, f16), acc);
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 1), ld16(w1 + n8, f16), acc);
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 2), ld16(w2 + n8, f16), acc);
+                acc = _mm256_fmadd_ps(_mm256_broadcast_ss(xm + 3), ld16(w3 + n8, f16), acc);
                 _mm256_storeu_ps(ym + n8, acc);
             }
             for (long n = ns; n < n1; n++) {
@@ -262,20 +308,31 @@ static inline __attribute__((always_inline)) void few_rows_512(
     }
     for (; k < K; k++) {
         const uint16_t *w0 = w + k * ldw;
-        for (long m = 0; m < M; m++) {
-            const float *xm = x + m * ldx + k;
-            __m512 a0 = _mm512_set1_ps(xm[0]);
-            float *ym = y + m * ldy;
-            for (long j = 0; j < nv; j++) {
-                long n = n0 + 16 * j;
-                _mm512_storeu_ps(ym + n, _mm512_fmadd_ps(a0, ld16x16(w0 + n, f16), _mm512_loadu_ps(ym + n)));
+        for (long j = 0; j < nv; j++) {
+            long n = n0 + 16 * j;
+            __m512 b0 = ld16x16(w0 + n, f16);
+            for (int m = 0; m < M; m++) {
+                float *ym = y + m * ldy + n;
+                _mm512_storeu_ps(ym, _mm512_fmadd_ps(_mm512_set1_ps(x[m * ldx + k]), b0,
+                                                     _mm512_loadu_ps(ym)));
             }
+        }
+        for (int m = 0; m < M; m++) {
+            const float *xm = x + m * ldx + k;
+            float *ym = y + m * ldy;
             if (ns > n8)
                 _mm256_storeu_ps(ym + n8, _mm256_fmadd_ps(_mm256_broadcast_ss(xm), ld16(w0 + n8, f16),
                                                           _mm256_loadu_ps(ym + n8)));
             for (long n = ns; n < n1; n++) ym[n] = __builtin_fmaf(xm[0], sc16(w0[n], f16), ym[n]);
         }
     }
+}
+
+static inline __attribute__((always_inline)) void few_rows_512(
+    const float *x, long M, long K, long ldx, const uint16_t *w, long ldw,
+    float *y, long ldy, long n0, long n1, int f16)
+{
+    FEW_ROWS_BODY(few_rows_block_512)
 }
 
 /* Many rows: 32-column panels, MR x 32 register tiles (MR = 2, 4, 8 or 12;
