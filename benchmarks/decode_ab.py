@@ -24,7 +24,8 @@ Run (``git worktree add /tmp/ab/base <commit>`` for another commit's tree)::
     scripts/test.sh -s perf -- decode_ab.py --variant base@/tmp/ab/base --variant new \\
         --variant new-graph:SPYRE_CPU_ATTN_KERNEL=graph --rounds 3
 
-A variant is ``NAME[@TREE][:VAR=VALUE,...]``; without ``@TREE`` it runs this
+A variant is ``NAME[@TREE][:VAR=VALUE,...]`` (a value may hold commas:
+``min8:SPYRE_NUM_TOKENS_BUCKETS=8,16,32``); without ``@TREE`` it runs this
 checkout's code as installed. ``model=PATH`` among the settings gives the
 variant its own checkpoint (a quantized one against the 16-bit model, say).
 """
@@ -63,7 +64,15 @@ class Variant:
         name, _, tree = head.partition("@")
         env = {}
         model = None
-        for item in filter(None, settings.split(",")):
+        # A chunk without "=" continues the previous value: list-valued settings
+        # (SPYRE_NUM_TOKENS_BUCKETS=1,2,4) keep their commas.
+        items: list[str] = []
+        for chunk in filter(None, settings.split(",")):
+            if "=" not in chunk and items:
+                items[-1] += "," + chunk
+            else:
+                items.append(chunk)
+        for item in items:
             key, sep, value = item.partition("=")
             if not sep:
                 raise argparse.ArgumentTypeError(f"{spec!r}: {item!r} is not VAR=VALUE")

@@ -11,22 +11,27 @@ from __future__ import annotations
 
 import bisect
 
-from spyre_inference.platform import settings
+from spyre_inference.platform import device, settings
 
-#: Smallest bucket. A decode step of a few sequences costs the same as one:
-#: at these sizes the block matmuls are bound by reading the weights, not by the
-#: token count. Measured with the embedded SmolLM2-135M (30 layers, bfloat16, one
-#: thread, minimum of 60 forwards on this 2-core host): 65.2 ms at 1 token,
-#: 62.6 at 2, 63.3 at 4, 64.5 at 8, 70.9 at 16. Buckets 1, 2 and 4 would each
-#: add a compile per block variant to every warm-up and save nothing per step
-#: (``benchmarks/compile_startup.py --bucket-cost`` repeats the measurement).
+#: Smallest default bucket on the card's path (spyre and emulated targets): each
+#: bucket is one more compile per block variant at warm-up, which is the card's
+#: dearest start-up cost, and its matmul tiles pad small row counts anyway.
 MIN_BUCKET = 8
 
+#: Smallest default bucket on the cpu target: a decode step of one, two or four
+#: sequences runs at its own size. There the GEMM of a few rows streams the weights
+#: once and costs more with every padding row (the host kernel serves one or two
+#: rows, ``SPYRE_CPU_GEMM_HOST_ROWS``; oneDNN or the kernel's many-rows path the
+#: rest). SmolLM2-135M on a 2-core AMD Zen 4 (``benchmarks/decode_ab.py``, 2 rounds
+#: alternated): batch-1 decode 26.2 ms/token with 8 as the smallest bucket, 22.0
+#: with 1; the three small buckets add six small graphs to a cold warm-up.
+CPU_MIN_BUCKET = 1
 
-def default_buckets(max_num_batched_tokens: int) -> tuple[int, ...]:
-    """Powers of two from MIN_BUCKET up to, and always including, the token budget."""
+
+def default_buckets(max_num_batched_tokens: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]:
+    """Powers of two from ``smallest`` up to, and always including, the token budget."""
     buckets = []
-    size = MIN_BUCKET
+    size = smallest
     while size < max_num_batched_tokens:
         buckets.append(size)
         size *= 2
@@ -37,7 +42,9 @@ def default_buckets(max_num_batched_tokens: int) -> tuple[int, ...]:
 class TokenBuckets:
     """The packed num_tokens sizes the block graphs are compiled for.
 
-    ``SPYRE_NUM_TOKENS_BUCKETS`` overrides the default; sizes at or above the
+    The default is powers of two from :data:`CPU_MIN_BUCKET` on the cpu target and
+    from :data:`MIN_BUCKET` on the card's path. ``SPYRE_NUM_TOKENS_BUCKETS``
+    overrides it; sizes at or above the
     step budget are dropped and the budget itself is always the largest bucket,
     so every step the scheduler can build has a compiled graph.
     """
@@ -48,7 +55,8 @@ class TokenBuckets:
             buckets = tuple(b for b in configured if b < max_num_batched_tokens)
             buckets = (*buckets, max_num_batched_tokens)
         else:
-            buckets = default_buckets(max_num_batched_tokens)
+            smallest = MIN_BUCKET if device.is_spyre() else CPU_MIN_BUCKET
+            buckets = default_buckets(max_num_batched_tokens, smallest)
         self.sizes: tuple[int, ...] = buckets
 
     def pad(self, num_tokens: int) -> int:
