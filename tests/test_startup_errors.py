@@ -377,6 +377,27 @@ def test_lora_passes_the_start_up_checks_on_the_cpu_target(tiny_llama) -> None:
     assert config.lora_config is not None
 
 
+def test_a_one_token_bucket_with_lora_is_refused_at_start_up(tiny_llama, monkeypatch) -> None:
+    """vLLM's LoRA ops cannot be compiled for a 1-token step (Dynamo stops on a
+    data-dependent guard mid-serving): a configured bucket of 1 with LoRA is refused by
+    name; the default buckets with LoRA start at 2 on the cpu target."""
+    from spyre_inference.platform import settings
+    from spyre_inference.platform.token_buckets import TokenBuckets
+
+    monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", "1,4,16")
+    settings.reset_cache()
+    try:
+        with pytest.raises(ValueError, match=r"SPYRE_NUM_TOKENS_BUCKETS holds 1 with LoRA"):
+            _config(tiny_llama, enable_lora=True, max_lora_rank=8)
+        assert _config(tiny_llama).lora_config is None  # without LoRA, 1 is served
+        monkeypatch.delenv("SPYRE_NUM_TOKENS_BUCKETS")
+        settings.reset_cache()
+        assert TokenBuckets(64, lora=True).sizes == (2, 4, 8, 16, 32, 64)
+        assert TokenBuckets(64).sizes == (1, 2, 4, 8, 16, 32, 64)
+    finally:
+        settings.reset_cache()
+
+
 def test_ngram_speculation_passes_the_start_up_checks(tiny_llama) -> None:
     """ngram is served on the cpu target (tests/test_speculative_decoding.py)."""
     config = _config(

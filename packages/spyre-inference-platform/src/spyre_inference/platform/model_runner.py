@@ -55,7 +55,9 @@ class TorchSpyreModelRunner(GPUModelRunner):
         self.use_cuda_graph = False
         self._spyre_device = dev.device()
         self.compiled = vllm_config.compilation_config.mode == CompilationMode.STOCK_TORCH_COMPILE
-        self.token_buckets = TokenBuckets(self.max_num_tokens)
+        self.token_buckets = TokenBuckets(
+            self.max_num_tokens, lora=vllm_config.lora_config is not None
+        )
         self.compile_report: CompileReport | None = None
         self.warm_up_stats: WarmUpStats | None = None
         self._wrapper: _SpyreModelWrapper | None = None

@@ -138,6 +138,12 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
             "target (SPYRE_DEVICE_TARGET=cpu). Serve the adapter merged into the base "
             "weights, or remove --enable-lora"
         )
+    if vllm_config.lora_config is not None and 1 in settings.get("SPYRE_NUM_TOKENS_BUCKETS"):
+        problems.append(
+            "SPYRE_NUM_TOKENS_BUCKETS holds 1 with LoRA enabled: vLLM's LoRA ops cannot be "
+            "compiled for a 1-token step (a data-dependent shape). Start the buckets at 2 "
+            "(e.g. SPYRE_NUM_TOKENS_BUCKETS=2,4,8,...), or unset it for the default"
+        )
     spec = vllm_config.speculative_config
     if spec is not None:
         problem = speculative_decoding_problem(

@@ -27,6 +27,19 @@ MIN_BUCKET = 8
 #: with 1; the three small buckets add six small graphs to a cold warm-up.
 CPU_MIN_BUCKET = 1
 
+#: Smallest bucket with LoRA: vLLM's punica LoRA ops (``lora.ops.torch_ops``)
+#: cannot be traced for a 1-token step (Dynamo stops on the data-dependent guard
+#: ``Eq(u, 1)`` of their slice-add, in the middle of serving), so with LoRA the
+#: cpu target's default starts at 2 and a configured 1 is refused at start-up.
+LORA_MIN_BUCKET = 2
+
+
+def smallest_default_bucket(lora: bool) -> int:
+    """The smallest default bucket on this target (with LoRA enabled or not)."""
+    if device.is_spyre():
+        return MIN_BUCKET
+    return LORA_MIN_BUCKET if lora else CPU_MIN_BUCKET
+
 
 def default_buckets(max_num_batched_tokens: int, smallest: int = MIN_BUCKET) -> tuple[int, ...]:
     """Powers of two from ``smallest`` up to, and always including, the token budget."""
@@ -42,21 +55,20 @@ def default_buckets(max_num_batched_tokens: int, smallest: int = MIN_BUCKET) -> 
 class TokenBuckets:
     """The packed num_tokens sizes the block graphs are compiled for.
 
-    The default is powers of two from :data:`CPU_MIN_BUCKET` on the cpu target and
-    from :data:`MIN_BUCKET` on the card's path. ``SPYRE_NUM_TOKENS_BUCKETS``
-    overrides it; sizes at or above the
-    step budget are dropped and the budget itself is always the largest bucket,
-    so every step the scheduler can build has a compiled graph.
+    The default is powers of two from :data:`CPU_MIN_BUCKET` on the cpu target
+    (:data:`LORA_MIN_BUCKET` with LoRA) and from :data:`MIN_BUCKET` on the card's
+    path. ``SPYRE_NUM_TOKENS_BUCKETS`` overrides it; sizes at or above the step
+    budget are dropped and the budget itself is always the largest bucket, so
+    every step the scheduler can build has a compiled graph.
     """
 
-    def __init__(self, max_num_batched_tokens: int) -> None:
+    def __init__(self, max_num_batched_tokens: int, lora: bool = False) -> None:
         configured = settings.get("SPYRE_NUM_TOKENS_BUCKETS")
         if configured:
             buckets = tuple(b for b in configured if b < max_num_batched_tokens)
             buckets = (*buckets, max_num_batched_tokens)
         else:
-            smallest = MIN_BUCKET if device.is_spyre() else CPU_MIN_BUCKET
-            buckets = default_buckets(max_num_batched_tokens, smallest)
+            buckets = default_buckets(max_num_batched_tokens, smallest_default_bucket(lora))
         self.sizes: tuple[int, ...] = buckets
 
     def pad(self, num_tokens: int) -> int:
