@@ -219,6 +219,39 @@ def test_store_and_decode_is_the_store_then_the_kernel(dtype, padding_rows):
     torch.testing.assert_close(out[:num_seqs].double(), ref, atol=2e-2, rtol=2e-2)
 
 
+@pytest.mark.parametrize("sinks", [False, True], ids=["plain", "sinks"])
+def test_the_cpp_call_and_the_python_call_agree(monkeypatch, sinks):
+    """The C++ operator (``csrc/decode_dispatch.cpp``) and the Python checks with the
+    ctypes call it replaces where no C++ toolchain exists: bit-equal stores and
+    results, the same argument errors (ValueError, same words)."""
+    if host_decode._native_call() is None:
+        pytest.skip("the C++ call cannot be built here")
+    block_size, kv_heads, heads, head = 64, 3, 9, 64
+    gen = torch.Generator().manual_seed(7)
+    block_ids, mask = _case(3, 3, block_size, 12, [70, 1, 129])
+    qkv = torch.randn(5, (heads + 2 * kv_heads) * head, generator=gen).bfloat16()
+    q = qkv[:3, : heads * head].view(3, heads, head)
+    k = qkv[:, heads * head : (heads + kv_heads) * head].view(5, kv_heads, head)
+    v = qkv[:, (heads + kv_heads) * head :].view(5, kv_heads, head)
+    slots = torch.tensor([69, 64 * 4, 64 * 2 + 1, 0, 1])
+    sk = torch.randn(heads) if sinks else None
+    results = []
+    for native in (True, False):
+        if not native:
+            monkeypatch.setattr(host_decode, "_native_call", lambda: None)
+        pages = _pages(12, block_size, kv_heads, head, torch.bfloat16)
+        out = torch.full((5, heads, head), float("nan"), dtype=torch.bfloat16)
+        host_decode.store_and_decode(q, k, v, slots, pages, block_ids, mask, 0.125, out, sk)
+        results.append((pages, out))
+        with pytest.raises(ValueError, match="disagree"):
+            host_decode.paged_decode(q, pages, block_ids, mask[:, :8], 0.125)
+        with pytest.raises(ValueError, match="does not fit pages"):
+            host_decode.store_and_decode(q, k.float(), v, slots, pages, block_ids, mask, 0.1, out)
+    (pages_c, out_c), (pages_py, out_py) = results
+    assert torch.equal(pages_c, pages_py)
+    assert torch.equal(out_c, out_py)
+
+
 def test_store_and_decode_without_a_store_only_attends():
     """A layer sharing another layer's cache stores nothing (key None)."""
     pages = _pages(8, 64, 2, 64, torch.bfloat16)

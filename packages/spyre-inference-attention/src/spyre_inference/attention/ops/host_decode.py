@@ -29,11 +29,17 @@ from typing import Any
 import torch
 
 from spyre_inference.platform.logs import get_logger
-from spyre_inference.platform.native_build import NativeKernelUnavailable, load_kernel
+from spyre_inference.platform.native_build import (
+    NativeKernelUnavailable,
+    load_kernel,
+    load_torch_extension,
+)
 
 logger = get_logger(__name__)
 
 _SOURCE = Path(__file__).with_name("csrc") / "paged_decode.c"
+#: The call's checks and the kernel call as a torch operator (C++, torch's headers).
+_DISPATCH_SOURCE = Path(__file__).with_name("csrc") / "decode_dispatch.cpp"
 #: Cache dtype -> the kernel's element kind.
 _KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 #: Most query heads per KV head the kernel keeps statistics for.
@@ -121,9 +127,40 @@ def _library_or_error() -> ctypes.CDLL | str:
     return lib
 
 
+@functools.cache
+def _native_call() -> Any:
+    """The C++ operator that checks the arguments and calls the loaded kernel, or None.
+
+    Each decoder layer makes this call once per step; from Python its checks and
+    the ctypes call with 35 arguments cost more than the kernel itself at batch 1
+    (see ``csrc/decode_dispatch.cpp``). Without a C++ toolchain the Python path
+    in :func:`_run` does the same.
+    """
+    lib = _library_or_error()
+    if isinstance(lib, str):
+        return None
+    try:
+        load_torch_extension(_DISPATCH_SOURCE, python_module=False)
+    except NativeKernelUnavailable as exc:
+        logger.info("cpu target: decode-attention kernel called from Python (%s)", exc)
+        return None
+    native = torch.ops.spyre_inference_attention_native
+    native.set_kernel(ctypes.cast(lib.spyre_paged_decode, ctypes.c_void_p).value)
+    return native.store_and_decode.default
+
+
+@functools.cache
+def _skip_below() -> float:
+    """Mask entries below this are masked keys: half the graph's mask value."""
+    from spyre_inference.attention.ops.page_attention import mask_value
+
+    return mask_value(torch.float32) / 2
+
+
 def reset_for_tests() -> None:
     """Forget the loaded build (tests that force ``SPYRE_CPU_ISA`` load another)."""
     _library_or_error.cache_clear()
+    _native_call.cache_clear()
 
 
 def kernel_isa() -> str | None:
@@ -178,8 +215,24 @@ def _run(
     store: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
 ) -> None:
     """Checks, then one kernel call: the optional store, attention, padding rows."""
-    from spyre_inference.attention.ops.page_attention import mask_value
-
+    native = _native_call()
+    if native is not None:
+        key, value, slots = store if store is not None else (None, None, None)
+        native(
+            q,
+            key,
+            value,
+            slots,
+            pages,
+            block_ids,
+            mask,
+            scale,
+            _skip_below(),
+            out,
+            sinks,
+            MAX_GROUP,
+        )
+        return
     lib = _library_or_error()
     if isinstance(lib, str):
         raise NativeKernelUnavailable(lib)
@@ -238,7 +291,7 @@ def _run(
         block_size,
         m.data_ptr(),
         scale,
-        mask_value(torch.float32) / 2,
+        _skip_below(),
         None if sk is None else sk.data_ptr(),
         out.data_ptr(),
         _KINDS[out.dtype],
