@@ -27,6 +27,7 @@ from spyre_inference.platform import (
     native_build,
     settings,
     stick_pad,
+    token_buckets,
 )
 from spyre_inference.platform.device import STICK_ELEMS
 
@@ -138,7 +139,10 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
             "target (SPYRE_DEVICE_TARGET=cpu). Serve the adapter merged into the base "
             "weights, or remove --enable-lora"
         )
-    if vllm_config.lora_config is not None and 1 in settings.get("SPYRE_NUM_TOKENS_BUCKETS"):
+    configured = settings.get("SPYRE_NUM_TOKENS_BUCKETS")
+    if vllm_config.lora_config is not None and any(
+        b < token_buckets.LORA_MIN_BUCKET for b in configured
+    ):
         problems.append(
             "SPYRE_NUM_TOKENS_BUCKETS holds 1 with LoRA enabled: vLLM's LoRA ops cannot be "
             "compiled for a 1-token step (a data-dependent shape). Start the buckets at 2 "
