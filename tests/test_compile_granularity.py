@@ -187,8 +187,11 @@ def test_settled_guards_serve_the_same_results(tiny_model_factory, inproc_llm, m
     reproducible request (greedy or seeded) gets the same tokens and
     cumulative logprob. The second engine really ran lean: served calls saw
     the stance, every bucket settled after one full-guard step, warm-up did
-    not settle any.
+    not settle any, and its settled steps called the blocks' graphs directly
+    (``direct_block_calls``), each block and bucket resolved once.
     """
+    from spyre_inference.platform import direct_block_calls
+
     model = tiny_model_factory("llama", num_hidden_layers=2)
     results = {}
     for mode in ("0", "1"):
@@ -198,18 +201,28 @@ def test_settled_guards_serve_the_same_results(tiny_model_factory, inproc_llm, m
         guards = runner._wrapper.guards
         assert not guards.settled, "warm-up must run with full guards"
         stances: list[bool] = []
-        hook = runner.model.register_forward_pre_hook(
-            lambda *_, seen=stances: seen.append(
-                torch._dynamo.eval_frame._is_skip_guard_eval_unsafe_stance()
-            )
-        )
+        lean_buckets: set[int] = set()
+
+        def seen(_module, _args, kwargs, stances=stances, lean_buckets=lean_buckets):
+            stances.append(torch._dynamo.eval_frame._is_skip_guard_eval_unsafe_stance())
+            if stances[-1]:
+                lean_buckets.add(int(kwargs["positions"].shape[-1]))
+
+        hook = runner.model.register_forward_pre_hook(seen, with_kwargs=True)
         graphs = compiled_graphs()
+        direct = direct_block_calls.stats().snapshot()
         results[mode] = _random_workload(llm)
         hook.remove()
         assert compiled_graphs() == graphs
+        direct_now = direct_block_calls.stats().snapshot()
         if mode == "0":
             assert not guards.settled and not any(stances)
+            assert direct_now == direct
         else:
+            assert direct_now["refused"] == direct["refused"]
+            # Two blocks, one signature each per bucket; every lean step calls both.
+            assert direct_now["resolved"] - direct["resolved"] == 2 * len(lean_buckets)
+            assert direct_now["direct"] - direct["direct"] == 2 * stances.count(True)
             assert guards.settled == set(runner.token_buckets.sizes)
             # One full-guard step per bucket, every later step lean.
             assert stances.count(False) == len(runner.token_buckets.sizes)

@@ -235,6 +235,7 @@ INVALID_SETTING_VALUES = {
     "SPYRE_COMPILE_GRANULARITY": "layer",
     "SPYRE_NUM_TOKENS_BUCKETS": "16,big",
     "SPYRE_SETTLED_GUARDS": "sometimes",
+    "SPYRE_DIRECT_BLOCK_CALLS": "yes-please",
     "SPYRE_ATTN_KV_LAYOUT": "diagonal",
     "SPYRE_ATTN_RECORD": "sometimes",
     "SPYRE_BATCHED_DECODE": "2",

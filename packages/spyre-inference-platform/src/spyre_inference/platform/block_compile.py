@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from spyre_inference.platform import device as dev
-from spyre_inference.platform import settings
+from spyre_inference.platform import direct_block_calls, settings
 from spyre_inference.platform.cache_dir import cache_root
 from spyre_inference.platform.logs import get_logger
 
@@ -278,12 +278,15 @@ def compile_model(model: nn.Module, num_shapes: int = 1) -> CompileReport:
 
     classes: Counter[str] = Counter()
     codes: dict[str, tuple[types.CodeType, ...]] = {}
+    direct = settings.get("SPYRE_SETTLED_GUARDS") and settings.get("SPYRE_DIRECT_BLOCK_CALLS")
     for _, stack in stacks:
         for block in stack:
             if isinstance(block, PPMissingLayer):
                 continue
             # In place: the list entry stays the same module object.
             block.compile(**compile_kwargs())
+            if direct:
+                direct_block_calls.install(block)
             cls = type(block)
             classes[cls.__name__] += 1
             codes.setdefault(cls.__name__, _forward_codes(cls))

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from spyre_inference.platform import device as dev
+from spyre_inference.platform import direct_block_calls
 from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
@@ -50,6 +51,11 @@ class SettledGuards:
        compiled model (``graph_count``). A step that did is the bug warm-up
        exists to prevent: it is logged, and that bucket keeps full guards for
        the rest of the process.
+
+    In a settled bucket the compiled blocks are also called past Dynamo's frame
+    evaluation (:mod:`~spyre_inference.platform.direct_block_calls`,
+    ``SPYRE_DIRECT_BLOCK_CALLS``): each call signature's graph is chosen once
+    with full guards, then run directly.
 
     Attention kernels compiled by ``torch.compile`` inside a step see the same
     stance; each of their variants is its own code object with exactly one
@@ -78,7 +84,10 @@ class SettledGuards:
     def run(self, num_tokens: int, call: Any) -> Any:
         if num_tokens in self._settled:
             try:
-                with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+                with (
+                    torch.compiler.set_stance("default", skip_guard_eval_unsafe=True),
+                    direct_block_calls.direct_calls(),
+                ):
                     return call()
             except RuntimeError as exc:
                 # Dynamo refuses to compile under this stance when no cached

@@ -151,6 +151,17 @@ SETTINGS: tuple[Setting, ...] = (
         parse=parse_bool,
     ),
     Setting(
+        "SPYRE_DIRECT_BLOCK_CALLS",
+        "1",
+        "In a settled num_tokens bucket (see SPYRE_SETTLED_GUARDS), call each compiled "
+        "block's graph through the Dynamo bytecode its arguments select, resolved once "
+        "per call signature with full guards, instead of through torch.compile's "
+        "wrapper and Dynamo's frame evaluation on every call (1); or always through "
+        "torch.compile (0).",
+        choices=BOOL_CHOICES,
+        parse=parse_bool,
+    ),
+    Setting(
         "SPYRE_ATTN_KV_LAYOUT",
         "token_major",
         "KV-cache page layout: `token_major` ([blocks, block_size, kv_heads, head]) "
