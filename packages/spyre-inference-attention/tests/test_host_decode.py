@@ -319,3 +319,35 @@ def test_each_isa_build_matches_float64(monkeypatch, restore_isa, isa):
             want = _reference(q, pages, block_ids, mask, head**-0.5, sinks)
             vmax = pages[..., head:].abs().max().double()
             torch.testing.assert_close(got.double(), want, atol=1e-5 * vmax, rtol=0)
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_a_sequence_gets_the_same_bits_alone_and_in_a_batch(monkeypatch, restore_isa, isa):
+    """A sequence's output does not depend on the batch around it, to the bit: the
+    threads share (sequence, KV head) items however many there are, and nothing of
+    one item's arithmetic depends on another (greedy decoding gives a request the
+    same tokens alone and in any batch)."""
+    from spyre_inference.platform import device as dev
+    from spyre_inference.platform.native_build import AVX512_CPU_FLAGS, cpu_flags
+
+    if isa == "avx512" and not set(AVX512_CPU_FLAGS) <= cpu_flags():
+        pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ")
+    monkeypatch.setenv("SPYRE_CPU_ISA", isa)
+    dev.reset_for_tests()
+    host_decode.reset_for_tests()
+    block_size = 64
+    seq_lens = [300, 1, 129, 64, 77, 3, 256, 190]
+    layouts = ((9, 3, 64), (12, 4, 64), (8, 2, 128), (14, 2, 64), (4, 4, 32))
+    for num_heads, kv_heads, head in layouts:
+        for dtype in (torch.float32, torch.bfloat16, torch.float16):
+            pages = _pages(60, block_size, kv_heads, head, dtype, seed=head)
+            block_ids, mask = _case(len(seq_lens), 5, block_size, 60, seq_lens)
+            q = torch.randn(len(seq_lens), num_heads, head).to(dtype)
+            sinks = torch.randn(num_heads)
+            batch = host_decode.paged_decode(q, pages, block_ids, mask, head**-0.5, sinks=sinks)
+            for s in range(len(seq_lens)):
+                one = slice(s, s + 1)
+                alone = host_decode.paged_decode(
+                    q[one], pages, block_ids[one], mask[one], head**-0.5, sinks=sinks
+                )
+                assert torch.equal(alone[0], batch[s]), (num_heads, kv_heads, head, dtype, s)
