@@ -197,7 +197,8 @@ class CompileReport:
     def artifacts(self) -> dict[str, int]:
         """Compiled graphs held per compiled class (one per variant and bucket)."""
         return {
-            name: sum(len(_cache_entries(c)) for c in codes) for name, codes in self.codes.items()
+            name: sum(len(direct_block_calls.cache_entries(c)) for c in codes)
+            for name, codes in self.codes.items()
         }
 
     def total_artifacts(self) -> int:
@@ -218,14 +219,6 @@ def _forward_codes(module_cls: type) -> tuple[types.CodeType, ...]:
         if code is not None and code not in codes:
             codes.append(code)
     return tuple(codes)
-
-
-def _cache_entries(code: types.CodeType) -> list:
-    try:
-        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
-    except ImportError:  # pragma: no cover - a torch without the debug hook
-        return []
-    return list(_debug_get_cache_entry_list(code))
 
 
 def _layer_name_is_hoisted() -> bool:
@@ -326,7 +319,7 @@ def baked_layer_names(report: CompileReport) -> dict[str, int]:
     for name, codes in report.codes.items():
         n = 0
         for code in codes:
-            for entry in _cache_entries(code):
+            for entry in direct_block_calls.cache_entries(code):
                 parts: Iterable[str] = getattr(entry.guard_manager, "code_parts", ()) or ()
                 if any(_BAKED_NAME_GUARD.search(p) for p in parts):
                     n += 1

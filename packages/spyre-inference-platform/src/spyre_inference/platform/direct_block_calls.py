@@ -49,7 +49,7 @@ from spyre_inference.platform.logs import get_logger
 
 logger = get_logger(__name__)
 
-__all__ = ["DirectCallStats", "direct_calls", "install", "stats"]
+__all__ = ["DirectCallStats", "cache_entries", "direct_calls", "install", "stats"]
 
 #: An argument the call signature cannot hold (unhashable, or an object whose
 #: attributes Dynamo may guard on): such calls keep the ordinary compiled path.
@@ -102,6 +102,15 @@ def install(block: nn.Module) -> bool:
         return False
     block._compiled_call_impl = _DirectBlockCall(block, compiled)
     return True
+
+
+def cache_entries(code: types.CodeType) -> list:
+    """Dynamo's cache entries (guards + transformed bytecode) on ``code``, one per graph."""
+    try:
+        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    except ImportError:  # pragma: no cover - a torch without the debug hook
+        return []
+    return list(_debug_get_cache_entry_list(code))
 
 
 def _arg_key(value: Any) -> Any:
@@ -186,8 +195,6 @@ class _DirectBlockCall:
         self, key: tuple[Any, ...], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Callable[..., Any]:
         """The one cache entry whose full guards pass on these arguments, as a bound function."""
-        from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
-
         forward = self._forward
         call: Callable[..., Any] = self._compiled
         try:
@@ -200,7 +207,7 @@ class _DirectBlockCall:
             frame_locals = dict(bound.arguments)
             entries = [
                 entry
-                for entry in _debug_get_cache_entry_list(forward.__code__)
+                for entry in cache_entries(forward.__code__)
                 if entry.guard_manager.check(frame_locals)
             ]
             closure = forward.__closure__ or ()
