@@ -47,6 +47,7 @@ HEAD_MAJOR = "head_major"
 ENCODER = "encoder"
 
 WORKER_QUALNAME = "spyre_inference.platform.worker.TorchSpyreWorker"
+BUCKET_SCHEDULER_QUALNAME = "spyre_inference.platform.bucket_scheduler.BucketAlignedScheduler"
 BASE_COMMUNICATOR = (
     "vllm.distributed.device_communicators.base_device_communicator.DeviceCommunicatorBase"
 )
@@ -323,6 +324,7 @@ class TorchSpyrePlatform(Platform):
             # Spec: blocks are compiled by the runner with stock torch.compile
             # (Inductor, dynamic=False); vLLM's own piecewise pipeline is not used.
             compilation.mode = CompilationMode.STOCK_TORCH_COMPILE
+            cls._align_prefill_to_buckets(vllm_config)
         # vLLM IR ops (RMSNorm, fused add + RMSNorm) call their native PyTorch
         # body directly instead of going through an opaque torch custom op:
         # only vLLM's own Inductor pipeline lowers those ops, so under stock
@@ -330,6 +332,21 @@ class TorchSpyrePlatform(Platform):
         # graph (two eager norms per layer; on the card, eager launches).
         # vLLM resolves the default before this hook changes the mode.
         compilation.ir_enable_torch_wrap = False
+
+    @classmethod
+    def _align_prefill_to_buckets(cls, vllm_config: VllmConfig) -> None:
+        """Schedule with step budgets cut at bucket edges (``bucket_scheduler``).
+
+        Only compiled steps are padded to a bucket, and only chunked prefill lets
+        the scheduler split a prompt; a scheduler the user named is kept.
+        """
+        scheduler = vllm_config.scheduler_config
+        if (
+            settings.get("SPYRE_BUCKET_ALIGNED_PREFILL")
+            and scheduler.enable_chunked_prefill
+            and scheduler.scheduler_cls is None
+        ):
+            scheduler.scheduler_cls = BUCKET_SCHEDULER_QUALNAME
 
     @classmethod
     def _use_spyre_ray_executor(cls, vllm_config: VllmConfig) -> None:

@@ -162,6 +162,17 @@ SETTINGS: tuple[Setting, ...] = (
         parse=parse_bool,
     ),
     Setting(
+        "SPYRE_BUCKET_ALIGNED_PREFILL",
+        "1",
+        "With a compiled model and chunked prefill, cut a step's token budget at the "
+        "num_tokens bucket below when a prompt's prefill would spill just past it (the "
+        "rest runs next step beside the decodes) instead of padding the step to the next "
+        "bucket (1); or schedule exactly as vLLM does (0). Only when no --scheduler-cls "
+        "is given.",
+        choices=BOOL_CHOICES,
+        parse=parse_bool,
+    ),
+    Setting(
         "SPYRE_ATTN_KV_LAYOUT",
         "token_major",
         "KV-cache page layout: `token_major` ([blocks, block_size, kv_heads, head]) "

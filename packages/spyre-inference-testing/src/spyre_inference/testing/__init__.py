@@ -18,7 +18,12 @@ from spyre_inference.testing.hf import (
     hf_greedy_with_logprobs,
     vllm_greedy_with_top_logprobs,
 )
-from spyre_inference.testing.inproc import compiled_graphs, inductor_calls, runner_of
+from spyre_inference.testing.inproc import (
+    compiled_graphs,
+    inductor_calls,
+    runner_of,
+    scheduler_of,
+)
 from spyre_inference.testing.models import (
     DEFAULT_DTYPE,
     KINDS,
@@ -57,6 +62,7 @@ __all__ = [
     "inductor_calls",
     "runner_of",
     "save_tokenizer",
+    "scheduler_of",
     "tiny_config",
     "vllm_greedy_with_top_logprobs",
 ]

@@ -19,6 +19,11 @@ def runner_of(llm: Any) -> Any:
     return llm.llm_engine.model_executor.driver_worker.worker.model_runner
 
 
+def scheduler_of(llm: Any) -> Any:
+    """The scheduler of an in-process ``vllm.LLM`` (its engine core's)."""
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
 def compiled_graphs() -> int:
     """Graphs Dynamo compiled in this process since the counters were cleared."""
     from torch._dynamo.utils import counters
@@ -34,4 +39,4 @@ def inductor_calls() -> int:
     return c["fxgraph_cache_miss"] + c["fxgraph_cache_hit"] + c["fxgraph_cache_bypass"]
 
 
-__all__ = ["compiled_graphs", "inductor_calls", "runner_of"]
+__all__ = ["compiled_graphs", "inductor_calls", "runner_of", "scheduler_of"]
