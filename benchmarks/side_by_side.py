@@ -162,6 +162,12 @@ def main() -> int:
     phase("setup")
     plugin_py = envs.plugin_venv()
     plugin_env = {**envs.base_env(plugin_py), **wl.PLUGIN_ENV}
+    # The cpu target preloads tcmalloc into the engine processes it starts
+    # (platform.cpu_allocator); the offline workloads' engine runs in the child's
+    # own process, so the child starts with it, as a spawned engine would.
+    plugin_tcmalloc = envs.find_tcmalloc()
+    if plugin_tcmalloc:
+        plugin_env["LD_PRELOAD"] = plugin_tcmalloc
     model = _default_model(plugin_py, plugin_env)
     notes: list[str] = []
     hf_version = envs.installed_version(plugin_py, "transformers")
@@ -171,6 +177,12 @@ def main() -> int:
         "plugin": f"spyre-inference {envs.installed_version(plugin_py, 'spyre-inference')} "
         f"on vLLM {envs.installed_version(plugin_py, 'vllm')}, cpu target, bfloat16, "
         f"`{' '.join(f'{k}={v}' for k, v in wl.PLUGIN_ENV.items())}`"
+        + (
+            f", tcmalloc preloaded (`{plugin_tcmalloc}`, as the cpu target does for its "
+            "engine processes)"
+            if plugin_tcmalloc
+            else ", no tcmalloc on this machine"
+        )
     }
     for system in systems:
         kind, dtype = SYSTEMS[system]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import importlib.util
 
 import openai
+import psutil
 import pytest
 
 from spyre_inference import default_model as dm
+from spyre_inference.platform import cpu_allocator, device
 from tests.serving import serve
 
 pytestmark = pytest.mark.skipif(
@@ -32,5 +34,24 @@ def test_chat_capital_of_france_is_paris() -> None:
             max_tokens=20,
             temperature=0,
         )
+        engines = _processes_mapping(server.proc.pid, "libtcmalloc")
     answer = out.choices[0].message.content
     assert "Paris" in answer, answer
+    if device.target() is device.DeviceTarget.CPU and cpu_allocator.find_tcmalloc():
+        # The platform preloads tcmalloc into the engine processes it starts
+        # (cpu_allocator), not into the API server that was already running.
+        assert engines, "no engine process of vllm serve loaded tcmalloc"
+        assert server.proc.pid not in engines
+
+
+def _processes_mapping(root: int, library: str) -> set[int]:
+    """The process ``root`` and its descendants that have ``library`` mapped."""
+    found = set()
+    parent = psutil.Process(root)
+    for proc in [parent, *parent.children(recursive=True)]:
+        try:
+            if any(library in m.path for m in proc.memory_maps(grouped=True)):
+                found.add(proc.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return found

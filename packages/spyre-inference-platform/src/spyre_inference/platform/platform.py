@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import torch
 from vllm.platforms.interface import Platform, PlatformEnum
 
-from spyre_inference.platform import device as dev
 from spyre_inference.platform import (
+    cpu_allocator,
     discovery,
     float16_models,
     mamba_checks,
@@ -26,6 +26,7 @@ from spyre_inference.platform import (
     startup_checks,
     stick_pad,
 )
+from spyre_inference.platform import device as dev
 from spyre_inference.platform.host_env import neutralize_cuda_runtime
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.startup_checks import ConfigError
@@ -291,6 +292,8 @@ class TorchSpyrePlatform(Platform):
         # The engine's mp executor must spawn, not fork: the parent may hold
         # an initialised OpenMP pool / Inductor worker threads.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        if choice.target is dev.DeviceTarget.CPU:
+            cpu_allocator.preload_tcmalloc()
 
         model_config = vllm_config.model_config
         if model_config is not None:

@@ -173,6 +173,14 @@ SETTINGS: tuple[Setting, ...] = (
         parse=parse_bool,
     ),
     Setting(
+        "SPYRE_CPU_TCMALLOC",
+        "auto",
+        "cpu target: `auto` prepends tcmalloc (vLLM's bundled copy, else the system's "
+        "libtcmalloc_minimal) to LD_PRELOAD for the engine processes started after the "
+        "config check, as vLLM's CPU backend does; `off` leaves LD_PRELOAD alone.",
+        choices=("auto", "off"),
+    ),
+    Setting(
         "SPYRE_ATTN_KV_LAYOUT",
         "token_major",
         "KV-cache page layout: `token_major` ([blocks, block_size, kv_heads, head]) "
