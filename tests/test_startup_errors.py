@@ -236,6 +236,8 @@ INVALID_SETTING_VALUES = {
     "SPYRE_NUM_TOKENS_BUCKETS": "16,big",
     "SPYRE_SETTLED_GUARDS": "sometimes",
     "SPYRE_DIRECT_BLOCK_CALLS": "yes-please",
+    "SPYRE_BUCKET_ALIGNED_PREFILL": "half",
+    "SPYRE_CPU_TCMALLOC": "jemalloc",
     "SPYRE_ATTN_KV_LAYOUT": "diagonal",
     "SPYRE_ATTN_RECORD": "sometimes",
     "SPYRE_BATCHED_DECODE": "2",
