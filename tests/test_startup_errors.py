@@ -238,6 +238,7 @@ INVALID_SETTING_VALUES = {
     "SPYRE_DIRECT_BLOCK_CALLS": "yes-please",
     "SPYRE_BUCKET_ALIGNED_PREFILL": "half",
     "SPYRE_CPU_TCMALLOC": "jemalloc",
+    "SPYRE_SAMPLER": "flashinfer",
     "SPYRE_ATTN_KV_LAYOUT": "diagonal",
     "SPYRE_ATTN_RECORD": "sometimes",
     "SPYRE_BATCHED_DECODE": "2",

@@ -12,7 +12,8 @@ started on first use, stopped after the folder's last test):
   blocks, small enough to force preemption when asked to.
 * ``reference_llm``: the same model with the features under test switched
   off: no prefix caching and no chunking (a step budget of
-  ``max_model_len``), eager.
+  ``max_model_len``), eager, and vLLM's own sampler instead of the plugin's
+  host sampler (``SPYRE_SAMPLER=vllm``).
 * ``head_major_server``: ``vllm serve`` (OpenAI API) on the other decoder
   backend, head-major KV pages, eager (its attention kernels compile anyway).
 
@@ -35,6 +36,7 @@ from tests.features.util import (
     MAIN_KWARGS,
     MAX_MODEL_LEN,
     MAX_NUM_SEQS,
+    REFERENCE_ENV,
     REFERENCE_KWARGS,
     SERVED_NAME,
     STEP_BUDGET,
@@ -57,7 +59,7 @@ def main_llm(feature_model: Path) -> Iterator[Any]:
 
 @pytest.fixture(scope="package")
 def reference_llm(feature_model: Path) -> Iterator[Any]:
-    with running_llm(feature_model, **REFERENCE_KWARGS) as llm:
+    with running_llm(feature_model, REFERENCE_ENV, **REFERENCE_KWARGS) as llm:
         yield llm
 
 

@@ -90,11 +90,17 @@ def test_seed_holds_when_its_prompt_is_chunked_next_to_decodes(main_llm) -> None
     assert token_ids([mixed]) == alone
 
 
+#: The plugin's host sampler (main engine) and vLLM's own (reference engine).
+SAMPLERS = pytest.mark.parametrize("engine", ["main_llm", "reference_llm"])
+
+
+@SAMPLERS
 @pytest.mark.feature("top_k", "top_p", "min_p", "temperature")
-def test_filters_that_keep_one_token_are_greedy(main_llm, greedy) -> None:
+def test_filters_that_keep_one_token_are_greedy(engine, greedy, request) -> None:
+    llm = request.getfixturevalue(engine)
     variants = [{}, {"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}]
     params = [sampling(temperature=1.0, seed=11, **v) for v in variants]
-    unfiltered, *filtered = token_ids(main_llm.generate(PROMPTS[:1] * len(params), params))
+    unfiltered, *filtered = token_ids(llm.generate(PROMPTS[:1] * len(params), params))
     assert unfiltered != greedy[0]  # so the filters have something to remove
     for knob, got in zip(variants[1:], filtered, strict=True):
         assert got == greedy[0], knob
@@ -106,8 +112,9 @@ def _steps(output: Any) -> list[tuple[int, dict[int, Any]]]:
     return list(zip(completion.token_ids, completion.logprobs, strict=True))
 
 
+@SAMPLERS
 @pytest.mark.feature("top_k", "top_p", "min_p")
-def test_filters_sample_within_their_bounds(main_llm) -> None:
+def test_filters_sample_within_their_bounds(engine, request) -> None:
     """top-k: among the k most likely; top-p: the most likely tokens until their
     mass reaches p; min-p: at least p times the top token's probability. Raw
     log-probabilities (vLLM's default) are the unfiltered distribution, equal to
@@ -118,7 +125,7 @@ def test_filters_sample_within_their_bounds(main_llm) -> None:
         sampling(temperature=1.0, seed=5, logprobs=20, top_p=top_p),
         sampling(temperature=1.0, seed=7, logprobs=20, min_p=min_p),
     ]
-    k_out, p_out, m_out = main_llm.generate(PROMPTS, params)
+    k_out, p_out, m_out = request.getfixturevalue(engine).generate(PROMPTS, params)
 
     ranks = [step[token].rank for token, step in _steps(k_out)]
     assert max(ranks) <= top_k and len(set(ranks)) > 1, ranks

@@ -44,6 +44,10 @@ MAIN_KWARGS: dict[str, Any] = {
     "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
 }
 
+#: The reference engine samples with vLLM's own PyTorch sampler (full sort), the
+#: main one with the plugin's host sampler: the filter checks run on both.
+REFERENCE_ENV = {"SPYRE_SAMPLER": "vllm"}
+
 REFERENCE_KWARGS: dict[str, Any] = {
     "dtype": "float32",
     "max_model_len": MAX_MODEL_LEN,

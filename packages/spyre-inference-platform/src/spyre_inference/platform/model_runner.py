@@ -31,6 +31,7 @@ from spyre_inference.platform import layer_swaps, settings
 from spyre_inference.platform.block_compile import CompileReport, compile_model
 from spyre_inference.platform.buffers import SpyreCpuGpuBuffer, alias_host_buffers
 from spyre_inference.platform.host_env import cuda_stream_placeholders, neutralize_cuda_runtime
+from spyre_inference.platform.host_sampler import HostTopKTopPSampler
 from spyre_inference.platform.kv_allocation import allocate_device_kv_cache
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.model_wrapper import _SpyreModelWrapper
@@ -64,6 +65,12 @@ class TorchSpyreModelRunner(GPUModelRunner):
         # Buffers built by vLLM's input batch and block tables hold sampling
         # parameters and index bookkeeping: host data on both targets.
         alias_host_buffers(self)
+        if settings.get("SPYRE_SAMPLER") == "candidates":
+            # vLLM picks its sampler by platform; without Triton and not its CPU
+            # backend, that is the full-sort PyTorch path (see host_sampler).
+            self.sampler.topk_topp_sampler = HostTopKTopPSampler(
+                self.sampler.logprobs_mode, self.sampler.use_fp64_gumbel
+            )
 
     # ---- buffers ---------------------------------------------------------
 

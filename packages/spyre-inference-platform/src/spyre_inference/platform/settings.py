@@ -181,6 +181,14 @@ SETTINGS: tuple[Setting, ...] = (
         choices=("auto", "off"),
     ),
     Setting(
+        "SPYRE_SAMPLER",
+        "candidates",
+        "Random sampling on the host: `candidates` finds the tokens top-k/top-p keep "
+        "among the most likely few (no vocabulary sort) and draws by inverse CDF; `vllm` "
+        "runs vLLM's own PyTorch sampler (full sort, one exponential per vocabulary entry).",
+        choices=("candidates", "vllm"),
+    ),
+    Setting(
         "SPYRE_ATTN_KV_LAYOUT",
         "token_major",
         "KV-cache page layout: `token_major` ([blocks, block_size, kv_heads, head]) "
