@@ -176,7 +176,11 @@ def main() -> int:
     described: dict[str, str] = {
         "plugin": f"spyre-inference {envs.installed_version(plugin_py, 'spyre-inference')} "
         f"on vLLM {envs.installed_version(plugin_py, 'vllm')}, cpu target, bfloat16, "
-        f"`{' '.join(f'{k}={v}' for k, v in wl.PLUGIN_ENV.items())}`"
+        + (
+            f"`{' '.join(f'{k}={v}' for k, v in wl.PLUGIN_ENV.items())}`"
+            if wl.PLUGIN_ENV
+            else "default settings"
+        )
         + (
             f", tcmalloc preloaded (`{plugin_tcmalloc}`, as the cpu target does for its "
             "engine processes)"

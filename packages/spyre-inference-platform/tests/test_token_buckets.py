@@ -24,6 +24,16 @@ def test_default_buckets_cover_the_budget() -> None:
         b.pad(201)
 
 
+def test_cpu_default_buckets_add_halfway_points_from_256() -> None:
+    """cpu target: 384, 768, 1536 between the large powers of two, none at or past
+    the budget; a step of 300 tokens runs at 384, not 512."""
+    b = TokenBuckets(2048)
+    assert b.sizes == (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+    assert b.pad(300) == 384 and b.pad(385) == 512
+    assert TokenBuckets(512).sizes[-3:] == (256, 384, 512)
+    assert TokenBuckets(384).sizes[-2:] == (256, 384)
+
+
 def test_card_path_default_buckets_start_at_8(monkeypatch) -> None:
     """The card's path (here the emulated card) keeps 8 as the smallest default bucket:
     each bucket is one more compile per block variant, its dearest start-up cost."""
@@ -35,6 +45,8 @@ def test_card_path_default_buckets_start_at_8(monkeypatch) -> None:
         b = TokenBuckets(200)
         assert b.sizes == (8, 16, 32, 64, 128, 200)
         assert b.pad(1) == 8
+        # Powers of two only: each bucket is a compile on the card.
+        assert TokenBuckets(2048).sizes == (8, 16, 32, 64, 128, 256, 512, 1024, 2048)
     finally:
         monkeypatch.delenv("SPYRE_DEVICE_TARGET")
         settings.reset_cache()

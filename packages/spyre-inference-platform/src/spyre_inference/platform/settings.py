@@ -137,7 +137,8 @@ SETTINGS: tuple[Setting, ...] = (
         "Comma-separated packed num_tokens buckets for the block graphs; "
         "max_num_batched_tokens is always added as the largest. Empty: powers of two "
         "up to max_num_batched_tokens, from 1 on the cpu target (decode steps of a few "
-        "sequences run at their own size) and from 8 on the card's path.",
+        "sequences run at their own size) with halfway buckets from 256 up (384, 768, "
+        "...), and from 8 on the card's path.",
         parse=int_list,
     ),
     Setting(
