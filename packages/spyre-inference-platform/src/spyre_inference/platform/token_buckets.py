@@ -79,9 +79,10 @@ class TokenBuckets:
 
     The default is powers of two from :data:`CPU_MIN_BUCKET` on the cpu target
     (:data:`LORA_MIN_BUCKET` with LoRA), with halfway buckets from
-    :data:`CPU_MID_BUCKETS_FROM`, and from :data:`MIN_BUCKET` on the card's path. ``SPYRE_NUM_TOKENS_BUCKETS`` overrides it; sizes at or above the step
-    budget are dropped and the budget itself is always the largest bucket, so
-    every step the scheduler can build has a compiled graph.
+    :data:`CPU_MID_BUCKETS_FROM`, and from :data:`MIN_BUCKET` on the card's path.
+    ``SPYRE_NUM_TOKENS_BUCKETS`` overrides it; sizes at or above the step budget
+    are dropped and the budget itself is always the largest bucket, so every step
+    the scheduler can build has a compiled graph.
     """
 
     def __init__(self, max_num_batched_tokens: int, lora: bool = False) -> None:
