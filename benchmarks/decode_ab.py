@@ -83,10 +83,7 @@ class Variant:
         return cls(name, Path(tree).resolve() if tree else None, env, model)
 
     def environ(self) -> dict[str, str]:
-        import workloads as wl
-
         env = dict(os.environ)
-        env.update(wl.PLUGIN_ENV)
         env.update(self.env)
         if self.tree is not None:
             srcs = sorted(str(p) for p in (self.tree / "packages").glob("*/src"))

@@ -42,7 +42,6 @@ import cpu_class  # noqa: E402
 import envs  # noqa: E402
 import report  # noqa: E402
 import serving  # noqa: E402
-import workloads as wl  # noqa: E402
 
 RESULTS = HERE / "results"
 #: Report name -> (kind, dtype). The first three are the issue's comparison
@@ -161,7 +160,8 @@ def main() -> int:
 
     phase("setup")
     plugin_py = envs.plugin_venv()
-    plugin_env = {**envs.base_env(plugin_py), **wl.PLUGIN_ENV}
+    # The plugin runs on its default settings.
+    plugin_env = envs.base_env(plugin_py)
     # The cpu target preloads tcmalloc into the engine processes it starts
     # (platform.cpu_allocator); the offline workloads' engine runs in the child's
     # own process, so the child starts with it, as a spawned engine would.
@@ -176,11 +176,7 @@ def main() -> int:
     described: dict[str, str] = {
         "plugin": f"spyre-inference {envs.installed_version(plugin_py, 'spyre-inference')} "
         f"on vLLM {envs.installed_version(plugin_py, 'vllm')}, cpu target, bfloat16, "
-        + (
-            f"`{' '.join(f'{k}={v}' for k, v in wl.PLUGIN_ENV.items())}`"
-            if wl.PLUGIN_ENV
-            else "default settings"
-        )
+        "default settings"
         + (
             f", tcmalloc preloaded (`{plugin_tcmalloc}`, as the cpu target does for its "
             "engine processes)"
@@ -345,7 +341,7 @@ def _recheck(out_dir: Path) -> int:
     data = runs[_machine()["cpu_class"]["slug"]]
     outputs = json.loads((WORK / "outputs.json").read_text())
     plugin_py = envs.plugin_venv()
-    model = _default_model(plugin_py, {**envs.base_env(plugin_py), **wl.PLUGIN_ENV})
+    model = _default_model(plugin_py, envs.base_env(plugin_py))
     checker = envs.transformers_venv(envs.installed_version(plugin_py, "transformers"))
     check, check_ok, summary, equal = _check(outputs, checker, model, WORK)
     data.update(

@@ -153,7 +153,6 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--model", help="default: the prepared default model")
     args = parser.parse_args()
-    os.environ.update(wl.PLUGIN_ENV)
     if args.model is None:
         from spyre_inference.default_model import default_model_dir
 

@@ -83,11 +83,6 @@ ENGINE_ARGS: dict[str, object] = {
 
 SERVED_MODEL_NAME = "smollm2-135m-instruct"
 
-#: The plugin's settings for these workloads: none, its defaults are measured
-#: (on the cpu target num_tokens buckets from 1 up, so decode steps of a few
-#: sequences run at their own size, and halfway buckets from 256 up).
-PLUGIN_ENV: dict[str, str] = {}
-
 
 def repeat(fn: Callable[[], T], runs: int, budget_s: float) -> list[T]:
     """``fn()`` ``runs`` times, but no new run once ``budget_s`` seconds have passed.
