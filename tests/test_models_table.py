@@ -60,7 +60,10 @@ def _status(page: str, architecture: str) -> str:
     return row.split(" | ")[5]
 
 
-def test_statuses_come_from_the_results(tool, tmp_path: Path) -> None:
+def test_statuses_come_from_the_results(tool, tmp_path: Path, monkeypatch) -> None:
+    # A catalogue row without tests (an architecture the suite does not cover).
+    untested = tool.Model("UntestedForCausalLM", "none in the suite", "", "", "", ())
+    monkeypatch.setattr(tool, "MODELS", (*tool.MODELS, untested))
     junit = tmp_path / "e2e.xml"
     junit.write_text(JUNIT)
     out = tmp_path / "models.md"
@@ -70,4 +73,5 @@ def test_statuses_come_from_the_results(tool, tmp_path: Path) -> None:
     assert _status(page, "GraniteForCausalLM") == "FAILED"
     assert _status(page, "GptOssForCausalLM") == "skipped"
     assert _status(page, "Qwen2ForCausalLM") == "not run"
-    assert _status(page, "XLMRobertaModel") == "not tested"
+    assert _status(page, "UntestedForCausalLM") == "not tested"
+    assert "without a test in the suite: 1 (UntestedForCausalLM)." in page

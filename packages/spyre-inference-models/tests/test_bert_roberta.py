@@ -106,11 +106,25 @@ def _classes(model):
     return sorted({type(m).__name__ for m in model.modules()})
 
 
-@pytest.mark.parametrize("kind", ["roberta", "bert"])
-def test_embed_equals_hf_with_and_without_token_types(kind, tiny_model_factory, make_llm) -> None:
+#: (tiny model kind, architecture saved): each embedding architecture the models
+#: package maps onto the Spyre BERT / RoBERTa classes. A ``*ForMaskedLM``
+#: checkpoint is served as its encoder's embeddings (vLLM's mapping); HF's
+#: ``AutoModel`` reads the same encoder from it.
+EMBEDDING_MODELS = [
+    ("roberta", "RobertaModel"),
+    ("bert", "BertModel"),
+    ("xlm-roberta", "XLMRobertaModel"),
+    ("roberta", "RobertaForMaskedLM"),
+]
+
+
+@pytest.mark.parametrize(("kind", "architecture"), EMBEDDING_MODELS)
+def test_embed_equals_hf_with_and_without_token_types(
+    kind, architecture, tiny_model_factory, make_llm
+) -> None:
     from vllm.pooling_params import PoolingParams
 
-    model = tiny_model_factory(kind)
+    model = tiny_model_factory(kind, architecture=architecture)
     want_plain = _hf_cls_embeddings(model, PROMPTS)
     want_types = _hf_cls_embeddings(model, PROMPTS, TOKEN_TYPES)
     # The token types matter: the reference embeddings differ where types are set.
@@ -120,7 +134,7 @@ def test_embed_equals_hf_with_and_without_token_types(kind, tiny_model_factory, 
 
     llm = make_llm(model, dtype="float32", enforce_eager=True, max_num_batched_tokens=512)
     (classes,) = llm.apply_model(_classes)
-    prefix = "SpyreRoberta" if kind == "roberta" else "SpyreBert"
+    prefix = "SpyreBert" if kind == "bert" else "SpyreRoberta"
     assert f"{prefix}EmbeddingModel" in classes and f"{prefix}Embedding" in classes
 
     got = [torch.tensor(o.outputs.embedding) for o in llm.embed(PROMPTS)]
@@ -138,11 +152,15 @@ def test_embed_equals_hf_with_and_without_token_types(kind, tiny_model_factory, 
         torch.testing.assert_close(g, w, rtol=0, atol=2e-6, msg=f"prompt {i}")
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
+#: HF class name prefix of each tiny encoder kind.
+PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta"}
+#: The Spyre class each kind's heads are served by (XLM-R shares RoBERTa's).
+SPYRE_PREFIX = {"bert": "SpyreBert", "roberta": "SpyreRoberta", "xlm-roberta": "SpyreRoberta"}
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "xlm-roberta"])
 def test_cross_encoder_score_equals_hf(kind, tiny_model_factory, make_llm) -> None:
-    architecture = (
-        "BertForSequenceClassification" if kind == "bert" else ("RobertaForSequenceClassification")
-    )
+    architecture = f"{PREFIX[kind]}ForSequenceClassification"
     model = tiny_model_factory(kind, architecture=architecture, num_labels=1)
     from transformers import AutoTokenizer
 
@@ -151,7 +169,7 @@ def test_cross_encoder_score_equals_hf(kind, tiny_model_factory, make_llm) -> No
     want = hf_cross_encoder_scores(model, QUERIES, DOCUMENTS)
     llm = make_llm(model, dtype="float32", enforce_eager=True, max_num_batched_tokens=512)
     (classes,) = llm.apply_model(_classes)
-    assert f"Spyre{architecture}" in classes
+    assert f"{SPYRE_PREFIX[kind]}ForSequenceClassification" in classes
     got = [o.outputs.score for o in llm.score(QUERIES, DOCUMENTS)]
     assert got == pytest.approx(want, abs=1e-5)
 
@@ -169,16 +187,16 @@ def _hf_token_probs(path, prompts) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("kind", ["bert", "roberta"])
+@pytest.mark.parametrize("kind", ["bert", "roberta", "xlm-roberta"])
 def test_token_classification_equals_hf(kind, tiny_model_factory, make_llm) -> None:
     """``*ForTokenClassification`` (NER-style heads): per-token class probabilities
     (vLLM's token_classify task applies a softmax) equal HF's on the same weights."""
-    architecture = f"{'Bert' if kind == 'bert' else 'Roberta'}ForTokenClassification"
+    architecture = f"{PREFIX[kind]}ForTokenClassification"
     model = tiny_model_factory(kind, architecture=architecture, num_labels=5)
     want = _hf_token_probs(model, PROMPTS)
     llm = make_llm(model, dtype="float32", enforce_eager=True, max_num_batched_tokens=512)
     (classes,) = llm.apply_model(_classes)
-    assert f"Spyre{architecture}" in classes
+    assert f"{SPYRE_PREFIX[kind]}ForTokenClassification" in classes
     outputs = llm.encode(PROMPTS, pooling_task="token_classify")
     for i, (o, w) in enumerate(zip(outputs, want, strict=True)):
         got = torch.as_tensor(o.outputs.data)

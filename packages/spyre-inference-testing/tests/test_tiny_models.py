@@ -29,7 +29,7 @@ from spyre_inference.testing import (
 )
 
 DECODERS = ["llama", "granite", "qwen3", "gemma3", "mixtral", "qwen3_moe"]
-ENCODERS = ["bert", "roberta"]
+ENCODERS = ["bert", "roberta", "xlm-roberta"]
 
 
 def _digests(folder: Path) -> dict[str, str]:

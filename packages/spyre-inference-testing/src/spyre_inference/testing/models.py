@@ -315,6 +315,17 @@ KINDS: dict[str, TinyModelKind] = {
         is_decoder=False,
     ),
 }
+# XLM-RoBERTa (multilingual encoders, bge-m3, bge-reranker): RoBERTa's layers
+# and position offset under its own model type and classes. Published
+# checkpoints' config.json carries ``position_embedding_type`` (vLLM 0.33 reads
+# it for every XLMRobertaModel, to tell Jina's rotary variant apart), which
+# transformers 5 no longer writes by default: set it as they do.
+KINDS["xlm-roberta"] = dataclasses.replace(
+    KINDS["roberta"],
+    model_type="xlm-roberta",
+    architecture="XLMRobertaModel",
+    config={**KINDS["roberta"].config, "position_embedding_type": "absolute"},
+)
 
 
 def _config_kwargs(spec: TinyModelKind, overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -461,7 +472,7 @@ def build_tiny_model(
     """Build a tiny random model of ``kind`` and save it, with the tokenizer, in ``out_dir``.
 
     ``kind`` is one of :data:`KINDS` (llama, granite, qwen2, qwen3, phi3, gemma2, gemma3, mixtral,
-    qwen3_moe, bert, roberta). ``overrides`` are HF config fields
+    qwen3_moe, bert, roberta, xlm-roberta). ``overrides`` are HF config fields
     (``num_hidden_layers=3``, ``head_dim=32``, ``intermediate_size=200``,
     ``num_key_value_heads=1``, ``sliding_window=...``), plus ``rope_theta=``
     as a shorthand and ``architecture=`` to save another class of the same
@@ -516,6 +527,6 @@ def save_config_only(config: Any, out_dir: str | os.PathLike[str]) -> Path:
 
 
 def _usable_positions(config: Any, spec: TinyModelKind) -> int:
-    if spec.model_type == "roberta":
+    if spec.model_type in ("roberta", "xlm-roberta"):
         return config.max_position_embeddings - config.pad_token_id - 1
     return config.max_position_embeddings
