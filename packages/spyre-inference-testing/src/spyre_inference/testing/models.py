@@ -142,6 +142,14 @@ KINDS: dict[str, TinyModelKind] = {
         },
         has_head_dim=False,
     ),
+    # Mistral 7B v0.2+ / Nemo / Small: Llama's layers under vLLM's own Mistral
+    # classes; no sliding window (v0.1's 4096 window is gone from later releases).
+    "mistral": TinyModelKind(
+        "mistral",
+        "MistralForCausalLM",
+        "decoder",
+        {**_DECODER_COMMON, "rope_parameters": _rope(1000000.0), "sliding_window": None},
+    ),
     "qwen3": TinyModelKind(
         "qwen3",
         "Qwen3ForCausalLM",
@@ -471,8 +479,8 @@ def build_tiny_model(
 ) -> Path:
     """Build a tiny random model of ``kind`` and save it, with the tokenizer, in ``out_dir``.
 
-    ``kind`` is one of :data:`KINDS` (llama, granite, qwen2, qwen3, phi3, gemma2, gemma3, mixtral,
-    qwen3_moe, bert, roberta, xlm-roberta). ``overrides`` are HF config fields
+    ``kind`` is one of :data:`KINDS` (llama, mistral, granite, qwen2, qwen3, phi3, gemma2,
+    gemma3, mixtral, qwen3_moe, bert, roberta, xlm-roberta). ``overrides`` are HF config fields
     (``num_hidden_layers=3``, ``head_dim=32``, ``intermediate_size=200``,
     ``num_key_value_heads=1``, ``sliding_window=...``), plus ``rope_theta=``
     as a shorthand and ``architecture=`` to save another class of the same
