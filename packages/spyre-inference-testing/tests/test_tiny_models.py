@@ -28,7 +28,7 @@ from spyre_inference.testing import (
     hf_greedy_with_logprobs,
 )
 
-DECODERS = ["llama", "granite", "qwen3", "gemma3", "mixtral", "qwen3_moe"]
+DECODERS = ["llama", "mistral", "granite", "granitemoe", "qwen3", "gemma3", "mixtral", "qwen3_moe"]
 ENCODERS = ["bert", "roberta", "xlm-roberta"]
 
 

@@ -228,6 +228,24 @@ KINDS: dict[str, TinyModelKind] = {
             "num_experts_per_tok": 2,
         },
     ),
+    # Granite 3.x MoE (granite-3.1-1b-a400m, 3b-a800m): Granite's multipliers
+    # (all away from 1, as for the dense kind) with routed experts.
+    "granitemoe": TinyModelKind(
+        "granitemoe",
+        "GraniteMoeForCausalLM",
+        "decoder",
+        {
+            **_DECODER_COMMON,
+            "rope_parameters": _rope(10000.0),
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "embedding_multiplier": 6.0,
+            "residual_multiplier": 0.5,
+            "attention_multiplier": 0.2,
+            "logits_scaling": 2.5,
+        },
+        has_head_dim=False,
+    ),
     "qwen3_moe": TinyModelKind(
         "qwen3_moe",
         "Qwen3MoeForCausalLM",
@@ -402,7 +420,7 @@ def _input_embedding_scale(config: Any, spec: TinyModelKind) -> float:
     """The factor the model multiplies token embeddings by before the first layer."""
     if spec.model_type in ("gemma2", "gemma3_text"):
         return math.sqrt(config.hidden_size)
-    if spec.model_type == "granite":
+    if spec.model_type in ("granite", "granitemoe"):
         return float(config.embedding_multiplier)
     return 1.0
 
@@ -479,9 +497,9 @@ def build_tiny_model(
 ) -> Path:
     """Build a tiny random model of ``kind`` and save it, with the tokenizer, in ``out_dir``.
 
-    ``kind`` is one of :data:`KINDS` (llama, mistral, granite, qwen2, qwen3, phi3, gemma2,
-    gemma3, mixtral, qwen3_moe, bert, roberta, xlm-roberta). ``overrides`` are HF config fields
-    (``num_hidden_layers=3``, ``head_dim=32``, ``intermediate_size=200``,
+    ``kind`` is one of :data:`KINDS` (llama, mistral, granite, granitemoe, qwen2, qwen3, phi3,
+    gemma2, gemma3, mixtral, qwen3_moe, bert, roberta, xlm-roberta). ``overrides`` are HF
+    config fields (``num_hidden_layers=3``, ``head_dim=32``, ``intermediate_size=200``,
     ``num_key_value_heads=1``, ``sliding_window=...``), plus ``rope_theta=``
     as a shorthand and ``architecture=`` to save another class of the same
     model type (e.g. ``"BertForSequenceClassification"`` with ``num_labels=1``).
