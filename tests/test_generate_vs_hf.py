@@ -17,7 +17,7 @@ from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 MAX_TOKENS = 24
 
 
-@pytest.mark.parametrize("kind", ["llama", "granite", "mistral", "granitemoe"])
+@pytest.mark.parametrize("kind", ["llama", "granite", "mistral", "granitemoe", "falcon"])
 def test_greedy_equals_hf(kind: str, tiny_model_factory, make_llm) -> None:
     model = tiny_model_factory(kind)
     llm = make_llm(model, dtype="float32")

@@ -246,6 +246,29 @@ KINDS: dict[str, TinyModelKind] = {
         },
         has_head_dim=False,
     ),
+    # Falcon-RW style: ALiBi position biases instead of RoPE, parallel attention
+    # and MLP, LayerNorm with biases, tied embeddings. Falcon's own config keys
+    # (Llama-style ones such as num_key_value_heads would read as GQA).
+    "falcon": TinyModelKind(
+        "falcon",
+        "FalconForCausalLM",
+        "decoder",
+        {
+            "hidden_size": 256,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "max_position_embeddings": 1024,
+            "new_decoder_architecture": False,
+            "multi_query": False,
+            "alibi": True,
+            "parallel_attn": True,
+            "bias": True,
+            "tie_word_embeddings": True,
+            "hidden_dropout": 0.0,
+            "attention_dropout": 0.0,
+        },
+        has_head_dim=False,
+    ),
     "qwen3_moe": TinyModelKind(
         "qwen3_moe",
         "Qwen3MoeForCausalLM",
@@ -414,6 +437,8 @@ def _kind(kind: str) -> TinyModelKind:
 
 
 _TIED_EMBEDDING_SCALE = 0.03
+#: The final norm's weight, by the names the tiny kinds give it.
+_FINAL_NORMS = ("model.norm.weight", "transformer.ln_f.weight")
 
 
 def _input_embedding_scale(config: Any, spec: TinyModelKind) -> float:
@@ -458,7 +483,7 @@ def init_weights_(model: torch.nn.Module, config: Any, spec: TinyModelKind, seed
                 # Keep the class's convention: weight 1 means identity, except
                 # Gemma-style norms (initialised to 0) that compute x * (1 + w).
                 offset = 0.0 if bool(torch.all(param == 0)) else 1.0
-                gain = final_norm_gain if name == "model.norm.weight" else 1.0
+                gain = final_norm_gain if name in _FINAL_NORMS else 1.0
                 value = gain * (1.0 + 0.1 * noise) - (1.0 - offset)
             elif name.endswith(".sinks"):
                 # Attention-sink logits (gpt-oss): large enough to take a real
@@ -497,8 +522,8 @@ def build_tiny_model(
 ) -> Path:
     """Build a tiny random model of ``kind`` and save it, with the tokenizer, in ``out_dir``.
 
-    ``kind`` is one of :data:`KINDS` (llama, mistral, granite, granitemoe, qwen2, qwen3, phi3,
-    gemma2, gemma3, mixtral, qwen3_moe, bert, roberta, xlm-roberta). ``overrides`` are HF
+    ``kind`` is one of :data:`KINDS` (llama, mistral, granite, granitemoe, falcon, qwen2, qwen3,
+    phi3, gemma2, gemma3, mixtral, qwen3_moe, bert, roberta, xlm-roberta). ``overrides`` are HF
     config fields (``num_hidden_layers=3``, ``head_dim=32``, ``intermediate_size=200``,
     ``num_key_value_heads=1``, ``sliding_window=...``), plus ``rope_theta=``
     as a shorthand and ``architecture=`` to save another class of the same
