@@ -83,6 +83,11 @@ def test_embedding_side_buffer_equals_upstream_bit_pack(kind, vllm_env) -> None:
 
 # ---- engine level -------------------------------------------------------------
 
+#: HF class name prefix of each tiny encoder kind.
+PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta"}
+#: The Spyre class each kind's heads are served by (XLM-R shares RoBERTa's).
+SPYRE_PREFIX = {"bert": "SpyreBert", "roberta": "SpyreRoberta", "xlm-roberta": "SpyreRoberta"}
+
 
 def _hf_cls_embeddings(path, prompts, token_types=None) -> list[torch.Tensor]:
     from transformers import AutoModel, AutoTokenizer
@@ -134,7 +139,7 @@ def test_embed_equals_hf_with_and_without_token_types(
 
     llm = make_llm(model, dtype="float32", enforce_eager=True, max_num_batched_tokens=512)
     (classes,) = llm.apply_model(_classes)
-    prefix = "SpyreBert" if kind == "bert" else "SpyreRoberta"
+    prefix = SPYRE_PREFIX[kind]
     assert f"{prefix}EmbeddingModel" in classes and f"{prefix}Embedding" in classes
 
     got = [torch.tensor(o.outputs.embedding) for o in llm.embed(PROMPTS)]
@@ -150,12 +155,6 @@ def test_embed_equals_hf_with_and_without_token_types(
     got = [torch.tensor(o.outputs.embedding) for o in llm.embed(PROMPTS)]
     for i, (g, w) in enumerate(zip(got, want_plain, strict=True)):
         torch.testing.assert_close(g, w, rtol=0, atol=2e-6, msg=f"prompt {i}")
-
-
-#: HF class name prefix of each tiny encoder kind.
-PREFIX = {"bert": "Bert", "roberta": "Roberta", "xlm-roberta": "XLMRoberta"}
-#: The Spyre class each kind's heads are served by (XLM-R shares RoBERTa's).
-SPYRE_PREFIX = {"bert": "SpyreBert", "roberta": "SpyreRoberta", "xlm-roberta": "SpyreRoberta"}
 
 
 @pytest.mark.parametrize("kind", ["bert", "roberta", "xlm-roberta"])

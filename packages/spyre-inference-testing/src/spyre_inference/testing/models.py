@@ -112,6 +112,17 @@ _ENCODER_COMMON: dict[str, Any] = {
 }
 
 
+#: Granite's multipliers, every one away from 1 (and attention_multiplier from
+#: 1/sqrt(head_dim) = 0.125) so that a path ignoring any of them produces
+#: different tokens.
+_GRANITE_MULTIPLIERS: dict[str, Any] = {
+    "embedding_multiplier": 6.0,
+    "residual_multiplier": 0.5,
+    "attention_multiplier": 0.2,
+    "logits_scaling": 2.5,
+}
+
+
 def _rope(theta: float) -> dict[str, Any]:
     return {"rope_type": "default", "rope_theta": theta}
 
@@ -132,13 +143,7 @@ KINDS: dict[str, TinyModelKind] = {
         {
             **_DECODER_COMMON,
             "rope_parameters": _rope(300000.0),
-            # Every multiplier differs from 1 (and attention_multiplier from
-            # 1/sqrt(head_dim) = 0.125) so that a path ignoring any of them
-            # produces different tokens.
-            "embedding_multiplier": 6.0,
-            "residual_multiplier": 0.5,
-            "attention_multiplier": 0.2,
-            "logits_scaling": 2.5,
+            **_GRANITE_MULTIPLIERS,
         },
         has_head_dim=False,
     ),
@@ -239,10 +244,7 @@ KINDS: dict[str, TinyModelKind] = {
             "rope_parameters": _rope(10000.0),
             "num_local_experts": 4,
             "num_experts_per_tok": 2,
-            "embedding_multiplier": 6.0,
-            "residual_multiplier": 0.5,
-            "attention_multiplier": 0.2,
-            "logits_scaling": 2.5,
+            **_GRANITE_MULTIPLIERS,
         },
         has_head_dim=False,
     ),
