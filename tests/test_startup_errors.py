@@ -354,14 +354,36 @@ def test_forced_cpu_isa_is_used_or_refused_at_start_up(tiny_llama, monkeypatch, 
             {"enable_sleep_mode": True},
             r"sleep mode \(--enable-sleep-mode.*not supported.*Remove --enable-sleep-mode",
         ),
+        (
+            {"kv_offloading_size": 1},
+            r"KV cache offloading \(--kv-offloading-size 1\).*Remove --kv-offloading-size",
+        ),
+        (
+            {"kv_transfer_config": {"kv_connector": "ExampleConnector", "kv_role": "kv_both"}},
+            r"KV connector ExampleConnector \(--kv-transfer-config\).*Remove",
+        ),
+        (
+            {"attention_backend": "FLASH_ATTN"},
+            r"--attention-backend FLASH_ATTN: the Spyre platform runs its own.*Remove",
+        ),
+        (
+            {"attention_backend": "CPU_ATTN"},
+            r"--attention-backend CPU_ATTN: .*Remove --attention-backend",
+        ),
     ],
-    ids=["sleep"],
+    ids=["sleep", "kv-offloading", "kv-connector", "flash-attn", "cpu-attn"],
 )
 def test_unsupported_engine_option_is_refused_at_start_up(tiny_llama, option, expected) -> None:
     """Each fails in the user's process, naming the option and what to do (before
     this, each died inside the engine process with an unrelated error)."""
     with pytest.raises(ValueError, match=expected):
         _config(tiny_llama, **option)
+
+
+def test_the_spyre_attention_backend_may_be_named(tiny_llama) -> None:
+    """``--attention-backend CUSTOM`` names the slot the Spyre backends report."""
+    config = _config(tiny_llama, attention_backend="CUSTOM")
+    assert config.attention_config.backend.name == "CUSTOM"
 
 
 def test_draft_model_speculation_is_refused_at_start_up(tiny_llama) -> None:

@@ -37,6 +37,7 @@ from torch.nn import Parameter
 from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
 from spyre_inference.ops.quantized_linear import INT8_MAX, quantize_per_token
+from spyre_inference.ops.unused_stage import is_unused_stage
 from spyre_inference.platform import settings
 from spyre_inference.platform.device import STICK_ELEMS, is_spyre, round_up
 
@@ -147,6 +148,8 @@ class SpyreInt8LMHeadMethod(UnquantizedEmbeddingMethod):
     """The LM head as an INT8 GEMM over the (possibly shared) INT8 table."""
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        if is_unused_stage(layer):
+            return
         table = int8_vocab(layer.weight)
         # The head's reference to the (released) 16-bit parameter goes; a tied
         # embedding keeps its own.

@@ -47,6 +47,7 @@ from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
 from spyre_inference.ops import onednn_linear
 from spyre_inference.ops.host_gemm import host_gemm_w16, kernel_unavailable_reason
+from spyre_inference.ops.unused_stage import is_unused_stage
 from spyre_inference.platform.device import host_gemm_dtype, round_up
 
 #: Attribute recording that a layer's weight is stored transposed (read by
@@ -133,6 +134,8 @@ class SpyreTransposedWeightMethod:
     KEEP_GEMM_DTYPE: bool = False
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        if is_unused_stage(layer):
+            return
         current = getattr(layer, self.WEIGHT_T_ATTR, None)
         made = getattr(layer, PROCESSED_ATTR, None)
         if current is not None and made is not None and made() is current:

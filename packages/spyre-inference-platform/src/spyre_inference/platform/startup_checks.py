@@ -194,6 +194,8 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
             "spyre-inference-ops, which is not loaded: install it (and keep spyre_ops in "
             "VLLM_PLUGINS), or serve an unquantized bfloat16/float16/float32 checkpoint"
         )
+    problems.extend(attention_backend_problems(vllm_config))
+    problems.extend(kv_transfer_problems(vllm_config))
     problems.extend(mamba_checks.mamba_problems(vllm_config))
     if len(problems) == 1:
         raise ConfigError(problems[0] + ".")
@@ -202,6 +204,75 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
             "spyre-inference cannot serve these engine options:\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
+
+
+#: The one ``AttentionBackendEnum`` member a user may name: vLLM's slot for
+#: out-of-tree backends, which is what every Spyre backend reports.
+SPYRE_ATTENTION_BACKEND = "CUSTOM"
+
+
+def attention_backend_problems(vllm_config: VllmConfig) -> list[str]:
+    """``--attention-backend`` naming one of vLLM's GPU/CPU backends is refused.
+
+    The platform picks the Spyre backend itself (``get_attn_backend_cls``); left
+    alone, a request for FLASH_ATTN or CPU_ATTN would be silently ignored and the
+    user would believe they measured that backend.
+    """
+    config = getattr(vllm_config, "attention_config", None)
+    if config is None:
+        return []
+    asked = [("--attention-backend", config.backend)]
+    asked += [
+        (f"backend_per_kind[{kind!r}]", backend)
+        for kind, backend in (getattr(config, "backend_per_kind", None) or {}).items()
+    ]
+    problems = []
+    for option, backend in asked:
+        name = getattr(backend, "name", backend)
+        if name is None or name == SPYRE_ATTENTION_BACKEND:
+            continue
+        problems.append(
+            f"{option} {name}: the Spyre platform runs its own attention backends (the "
+            "token-major paged backend by default, SPYRE_ATTN_KV_LAYOUT=head_major for the "
+            "head-major one, and the encoder backend for encoder models); vLLM's "
+            f"{name} backend does not run on it. Remove --attention-backend, or name "
+            f"{SPYRE_ATTENTION_BACKEND}"
+        )
+    return problems
+
+
+def kv_transfer_problems(vllm_config: VllmConfig) -> list[str]:
+    """KV connectors (offloading, disaggregated prefill) are refused by name.
+
+    Their workers copy KV blocks with CUDA/XPU kernels and die inside the
+    engine on any other device ("CPU Offloading is currently only supported on
+    CUDA-alike and XPU GPUs"). On the cpu target the KV cache already lives in
+    host memory, so offloading it to host memory would gain nothing.
+    """
+    problems = []
+    transfer = vllm_config.kv_transfer_config
+    if vllm_config.cache_config.kv_offloading_size is not None:
+        problems.append(
+            f"KV cache offloading (--kv-offloading-size "
+            f"{vllm_config.cache_config.kv_offloading_size:g}) is not supported by "
+            "spyre-inference: vLLM's offloading workers copy blocks with GPU kernels, and "
+            "on the cpu target the KV cache is already in host memory. Remove "
+            "--kv-offloading-size; to hold more tokens, raise --gpu-memory-utilization (a "
+            "share of host memory on the cpu target) or --kv-cache-memory-bytes"
+        )
+    elif transfer is not None and transfer.kv_connector:
+        problems.append(
+            f"KV connector {transfer.kv_connector} (--kv-transfer-config) is not supported "
+            "by spyre-inference: vLLM's KV connectors move cache blocks with GPU kernels "
+            "and have not been verified on either Spyre target. Remove --kv-transfer-config"
+        )
+    ec = getattr(vllm_config, "ec_transfer_config", None)
+    if ec is not None and getattr(ec, "ec_connector", None):
+        problems.append(
+            f"encoder-cache connector {ec.ec_connector} (--ec-transfer-config) is not "
+            "supported: spyre-inference serves text-only models. Remove --ec-transfer-config"
+        )
+    return problems
 
 
 #: Speculative-decoding methods served on the cpu target: ngram proposes from
