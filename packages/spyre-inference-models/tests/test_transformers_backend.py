@@ -130,3 +130,105 @@ def test_tiny_llama_transformers_backend_equals_hf(tiny_llama, make_llm, eager) 
     got = [list(o.outputs[0].token_ids) for o in llm.generate(list(PROMPTS), params)]
     mismatches = {i: (w, g) for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w}
     assert not mismatches
+
+
+# ---- architectures vLLM lists under their own names ----------------------------
+
+
+def _tiny_checkpoint(out_dir, model_type: str, **fields):
+    """A tiny random checkpoint of ``model_type`` with head_dim 32 (the platform pads it to 64)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from spyre_inference.testing import (
+        BOS_TOKEN_ID,
+        EOS_TOKEN_ID,
+        PAD_TOKEN_ID,
+        VOCAB_SIZE,
+        save_tokenizer,
+    )
+
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=VOCAB_SIZE,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=MAX_POS,
+        bos_token_id=BOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+        **fields,
+    )
+    gen = torch.Generator().manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.copy_(torch.randn(param.shape, generator=gen) / param.shape[-1] ** 0.5)
+    model.save_pretrained(out_dir)
+    save_tokenizer(out_dir, "decoder", model_max_length=MAX_POS)
+    return out_dir
+
+
+def _classes(model) -> dict:
+    return {
+        "model": type(model).__name__,
+        "classes": sorted({type(m).__name__ for m in model.modules()}),
+    }
+
+
+@pytest.mark.parametrize(
+    ("model_type", "rotary"),
+    [("arcee", "ArceeRotaryEmbedding"), ("olmo", "OlmoRotaryEmbedding")],
+)
+def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
+    tmp_path, make_llm, model_type, rotary
+) -> None:
+    """vLLM 0.33 maps Arcee, OLMo, OLMo 2, SmolLM3, ... to its Transformers class under
+    their own names. Built as vLLM's class they kept HF's rotary at the padded width
+    and decoded wrong tokens (Arcee 0 of 4 prompts equal, OLMo 1 of 4); each must be
+    the Spyre class."""
+    model = _tiny_checkpoint(tmp_path / model_type, model_type)
+    want = hf_greedy(model, PROMPTS, MAX_TOKENS, "float32")
+    llm = make_llm(model, dtype="float32", max_model_len=MAX_POS)
+    (info,) = llm.apply_model(_classes)
+    assert info["model"] == "SpyreTransformersForCausalLM"
+    assert "SpyreHFRotaryEmbedding" in info["classes"] and rotary not in info["classes"]
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(list(PROMPTS), params)]
+    mismatches = {i: (w, g) for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w}
+    assert not mismatches
+
+
+def test_unadapted_transformers_backend_class_is_refused_at_start_up(tmp_path) -> None:
+    """FlexOlmo resolves to vLLM's TransformersMoEForCausalLM, which keeps HF's RoPE."""
+    from transformers import AutoConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    from spyre_inference.testing import save_tokenizer
+
+    config = AutoConfig.for_model(
+        "flex_olmo",
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        architectures=["FlexOlmoForCausalLM"],
+    )
+    config.save_pretrained(tmp_path)
+    save_tokenizer(tmp_path, "decoder")
+    # vLLM re-raises the check's error as its config's ValidationError (a ValueError).
+    with pytest.raises(
+        ValueError,
+        match=r"FlexOlmoForCausalLM is served by vLLM's Transformers backend class "
+        r"TransformersMoEForCausalLM, which spyre-inference has not adapted",
+    ):
+        EngineArgs(model=str(tmp_path), max_model_len=256).create_engine_config()

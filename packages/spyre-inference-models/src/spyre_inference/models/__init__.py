@@ -93,15 +93,39 @@ def _module_of(upstream_cls: str) -> str:
     )
 
 
+#: The upstream class vLLM's Transformers backend builds text generators with.
+TRANSFORMERS_CAUSAL_LM = "TransformersForCausalLM"
+
+
+def transformers_backend_archs() -> dict[str, str]:
+    """Architectures vLLM's own table serves as ``TransformersForCausalLM`` -> that class.
+
+    vLLM 0.33 lists many text generators (Arcee, OLMo, OLMo 2/3, SmolLM3,
+    Starcoder2, Seed-OSS, ...) under their own names with the Transformers
+    backend's class as the target, so they never pass through the
+    ``TransformersForCausalLM`` name: each must be registered to the Spyre class
+    itself, or the model runs Hugging Face's own RoPE (wrong once the platform
+    has widened ``head_dim`` to whole sticks).
+    """
+    from vllm.model_executor.models.registry import _VLLM_MODELS
+
+    return {
+        arch: TRANSFORMERS_CAUSAL_LM
+        for arch, (_, upstream) in _VLLM_MODELS.items()
+        if upstream == TRANSFORMERS_CAUSAL_LM
+    }
+
+
 def spyre_models() -> dict[str, str]:
     """Architecture name -> ``"spyre_inference.models.<module>:Spyre<UpstreamClass>"``.
 
     The values are the lazy ``module:Class`` targets vLLM's
-    ``ModelRegistry.register_model`` accepts; nothing is imported here.
+    ``ModelRegistry.register_model`` accepts; no model module is imported here.
     """
+    archs = {**transformers_backend_archs(), **_ADAPTED_ARCHS}
     return {
         arch: f"{__name__}.{_module_of(upstream)}:{SPYRE_PREFIX}{upstream}"
-        for arch, upstream in _ADAPTED_ARCHS.items()
+        for arch, upstream in archs.items()
     }
 
 
@@ -185,6 +209,7 @@ def register_models() -> None:
 
 
 __all__ = [
+    "TRANSFORMERS_CAUSAL_LM",
     "UnknownArchitectureError",
     "__version__",
     "check_against_vllm",
@@ -192,5 +217,6 @@ __all__ = [
     "register_model_table",
     "register_models",
     "spyre_models",
+    "transformers_backend_archs",
     "upstream_class_of",
 ]
