@@ -228,7 +228,30 @@ def test_unadapted_transformers_backend_class_is_refused_at_start_up(tmp_path) -
     # vLLM re-raises the check's error as its config's ValidationError (a ValueError).
     with pytest.raises(
         ValueError,
-        match=r"FlexOlmoForCausalLM is served by vLLM's Transformers backend class "
+        match=r"FlexOlmoForCausalLM .*is served by vLLM's Transformers backend class "
         r"TransformersMoEForCausalLM, which spyre-inference has not adapted",
     ):
+        EngineArgs(model=str(tmp_path), max_model_len=256).create_engine_config()
+
+
+def test_backend_model_without_rope_is_refused_at_start_up(tmp_path) -> None:
+    """GPT-BigCode (learned absolute positions) has no rotary module to replace; it
+    died in the engine building the model before."""
+    from transformers import AutoConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    from spyre_inference.testing import save_tokenizer
+
+    config = AutoConfig.for_model(
+        "gpt_bigcode",
+        vocab_size=1024,
+        n_embd=128,
+        n_head=4,
+        n_layer=2,
+        n_positions=512,
+        architectures=["GPTBigCodeForCausalLM"],
+    )
+    config.save_pretrained(tmp_path)
+    save_tokenizer(tmp_path, "decoder")
+    with pytest.raises(ValueError, match=r"GPTBigCodeForCausalLM has no rotary position embedding"):
         EngineArgs(model=str(tmp_path), max_model_len=256).create_engine_config()
