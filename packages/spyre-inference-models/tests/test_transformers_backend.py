@@ -255,3 +255,27 @@ def test_backend_model_without_rope_is_refused_at_start_up(tmp_path) -> None:
     save_tokenizer(tmp_path, "decoder")
     with pytest.raises(ValueError, match=r"GPTBigCodeForCausalLM has no rotary position embedding"):
         EngineArgs(model=str(tmp_path), max_model_len=256).create_engine_config()
+
+
+def test_per_layer_type_rotary_is_refused_at_start_up(tmp_path) -> None:
+    """OLMo 3's rotary takes ``forward(x, position_ids, layer_type)``: the Spyre class
+    would die replacing it inside the engine."""
+    from transformers import AutoConfig
+    from vllm.engine.arg_utils import EngineArgs
+
+    from spyre_inference.testing import save_tokenizer
+
+    config = AutoConfig.for_model(
+        "olmo3",
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        architectures=["Olmo3ForCausalLM"],
+    )
+    config.save_pretrained(tmp_path)
+    save_tokenizer(tmp_path, "decoder")
+    with pytest.raises(ValueError, match=r"Olmo3ForCausalLM: its rotary embedding .*layer_type"):
+        EngineArgs(model=str(tmp_path), max_model_len=256).create_engine_config()

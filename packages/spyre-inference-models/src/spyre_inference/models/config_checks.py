@@ -32,23 +32,57 @@ class TransformersBackendConfigError(ValueError):
     """A text generator resolves to a Transformers backend class the plugin has not adapted."""
 
 
-def _has_hf_rotary(model_type: str) -> bool:
-    """Whether transformers' modeling module for ``model_type`` defines a rotary embedding.
+#: The forward signature (after ``self``) of the HF rotary modules
+#: :class:`~spyre_inference.models.transformers_backend.SpyreHFRotaryEmbedding` replaces.
+REPLACEABLE_ROTARY_SIGNATURE = ("x", "position_ids")
+
+
+def hf_rotary_signatures(model_type: str) -> dict[str, tuple[str, ...]] | None:
+    """transformers' ``*RotaryEmbedding`` classes for ``model_type`` -> their forward parameters.
 
     :class:`~spyre_inference.models.transformers_backend.SpyreTransformersForCausalLM`
-    replaces the model's ``*RotaryEmbedding`` modules; a model with learned absolute
-    positions (GPT-BigCode, ...) has none, and its attention sizes its heads from
-    ``hidden_size`` rather than the widened ``head_dim``.
+    replaces the model's rotary modules; a model with learned absolute positions
+    (GPT-BigCode, ...) has none (and its attention sizes its heads from
+    ``hidden_size`` rather than the widened ``head_dim``), and a per-layer-type
+    rotary (OLMo 3's ``forward(x, position_ids, layer_type)``) has no Spyre
+    replacement yet. ``None`` when transformers has no modeling module of that name.
     """
     import importlib
+    import inspect
 
     try:
         modeling = importlib.import_module(
             f"transformers.models.{model_type}.modeling_{model_type}"
         )
     except ImportError:
-        return True  # Not a transformers model type: vLLM's own checks speak for it.
-    return any(name.endswith("RotaryEmbedding") for name in vars(modeling))
+        return None
+    return {
+        name: tuple(inspect.signature(cls.forward).parameters)[1:]
+        for name, cls in vars(modeling).items()
+        if name.endswith("RotaryEmbedding") and isinstance(cls, type)
+    }
+
+
+def _rotary_problem(name: str, model_type: str) -> str | None:
+    signatures = hf_rotary_signatures(model_type)
+    if signatures is None:
+        return None  # Not a transformers model type: vLLM's own checks speak for it.
+    if not signatures:
+        return (
+            f"{name} has no rotary position embedding (transformers' {model_type} model "
+            "defines none): spyre-inference serves models through vLLM's Transformers "
+            "backend with the Spyre rotation cache, which needs RoPE. Serve a RoPE model, "
+            "or one vLLM implements natively"
+        )
+    other = {c: p for c, p in signatures.items() if p != REPLACEABLE_ROTARY_SIGNATURE}
+    if other:
+        cls, params = next(iter(other.items()))
+        return (
+            f"{name}: its rotary embedding {cls} takes forward{params} (a per-layer-type "
+            "RoPE), which the Spyre Transformers backend does not replace yet (it replaces "
+            "forward(x, position_ids) only). Serve a model vLLM implements natively"
+        )
+    return None
 
 
 def check_transformers_backend(vllm_config: VllmConfig) -> None:
@@ -66,13 +100,9 @@ def check_transformers_backend(vllm_config: VllmConfig) -> None:
         name = f"{name} (resolved to {arch})"
     if module == ADAPTED_MODULE:
         model_type = getattr(model_config.hf_text_config, "model_type", "")
-        if model_type and not _has_hf_rotary(model_type):
-            raise TransformersBackendConfigError(
-                f"{name} has no rotary position embedding (transformers' {model_type} "
-                "model defines none): spyre-inference serves models through vLLM's "
-                "Transformers backend with the Spyre rotation cache, which needs RoPE. "
-                "Serve a RoPE model, or one vLLM implements natively"
-            )
+        problem = _rotary_problem(name, model_type) if model_type else None
+        if problem:
+            raise TransformersBackendConfigError(problem)
         return
     if not module.startswith(UPSTREAM_TRANSFORMERS_MODULE):
         return
@@ -88,7 +118,9 @@ def check_transformers_backend(vllm_config: VllmConfig) -> None:
 
 
 __all__ = [
+    "REPLACEABLE_ROTARY_SIGNATURE",
     "UPSTREAM_TRANSFORMERS_MODULE",
     "TransformersBackendConfigError",
     "check_transformers_backend",
+    "hf_rotary_signatures",
 ]
