@@ -180,11 +180,12 @@ def _classes(model) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("model_type", "rotary"),
-    [("arcee", "ArceeRotaryEmbedding"), ("olmo", "OlmoRotaryEmbedding")],
+    ("model_type", "rotary", "eager"),
+    # One compiled, one eager: the class resolution and the rotary are the same in both.
+    [("arcee", "ArceeRotaryEmbedding", False), ("olmo", "OlmoRotaryEmbedding", True)],
 )
 def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
-    tmp_path, make_llm, model_type, rotary
+    tmp_path, make_llm, model_type, rotary, eager
 ) -> None:
     """vLLM 0.33 maps Arcee, OLMo, OLMo 2, SmolLM3, ... to its Transformers class under
     their own names. Built as vLLM's class they kept HF's rotary at the padded width
@@ -192,7 +193,7 @@ def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
     the Spyre class."""
     model = _tiny_checkpoint(tmp_path / model_type, model_type)
     want = hf_greedy(model, PROMPTS, MAX_TOKENS, "float32")
-    llm = make_llm(model, dtype="float32", max_model_len=MAX_POS)
+    llm = make_llm(model, dtype="float32", max_model_len=MAX_POS, enforce_eager=eager)
     (info,) = llm.apply_model(_classes)
     assert info["model"] == "SpyreTransformersForCausalLM"
     assert "SpyreHFRotaryEmbedding" in info["classes"] and rotary not in info["classes"]
