@@ -205,78 +205,69 @@ def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
     assert not mismatches
 
 
-def test_unadapted_transformers_backend_class_is_refused_at_start_up(tmp_path) -> None:
-    """FlexOlmo resolves to vLLM's TransformersMoEForCausalLM, which keeps HF's RoPE."""
-    from transformers import AutoConfig
-    from vllm.engine.arg_utils import EngineArgs
-
-    from spyre_inference.testing import save_tokenizer
-
-    config = AutoConfig.for_model(
+#: Text generators vLLM would build through its Transformers backend that the Spyre
+#: class cannot serve: (model type, config fields, what the start-up error says).
+_REFUSED_BACKEND_MODELS = {
+    # FlexOlmo resolves to vLLM's TransformersMoEForCausalLM, which keeps HF's RoPE.
+    "unadapted-class": (
         "flex_olmo",
-        vocab_size=1024,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        architectures=["FlexOlmoForCausalLM"],
-    )
-    config.save_pretrained(tmp_path)
-    save_tokenizer(tmp_path, "decoder")
-    # vLLM re-raises the check's error as its config's ValidationError (a ValueError).
-    with pytest.raises(
-        ValueError,
-        match=r"FlexOlmoForCausalLM .*is served by vLLM's Transformers backend class "
+        dict(
+            hidden_size=128,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_experts=4,
+            num_experts_per_tok=2,
+            architectures=["FlexOlmoForCausalLM"],
+        ),
+        r"FlexOlmoForCausalLM .*is served by vLLM's Transformers backend class "
         r"TransformersMoEForCausalLM, which spyre-inference has not adapted",
-    ):
-        EngineArgs(model=str(tmp_path), max_model_len=256).create_engine_config()
-
-
-def test_backend_model_without_rope_is_refused_at_start_up(tmp_path) -> None:
-    """GPT-BigCode (learned absolute positions) has no rotary module to replace; it
-    died in the engine building the model before."""
-    from transformers import AutoConfig
-    from vllm.engine.arg_utils import EngineArgs
-
-    from spyre_inference.testing import save_tokenizer
-
-    config = AutoConfig.for_model(
+    ),
+    # GPT-BigCode (learned absolute positions) has no rotary module to replace; it
+    # died in the engine building the model before.
+    "no-rope": (
         "gpt_bigcode",
-        vocab_size=1024,
-        n_embd=128,
-        n_head=4,
-        n_layer=2,
-        n_positions=512,
-        architectures=["GPTBigCodeForCausalLM"],
-    )
-    config.save_pretrained(tmp_path)
-    save_tokenizer(tmp_path, "decoder")
-    with pytest.raises(ValueError, match=r"GPTBigCodeForCausalLM has no rotary position embedding"):
-        EngineArgs(model=str(tmp_path), max_model_len=256).create_engine_config()
+        dict(
+            n_embd=128,
+            n_head=4,
+            n_layer=2,
+            n_positions=512,
+            architectures=["GPTBigCodeForCausalLM"],
+        ),
+        r"GPTBigCodeForCausalLM has no rotary position embedding",
+    ),
+    # OLMo 3's rotary takes forward(x, position_ids, layer_type): the Spyre class
+    # would die replacing it inside the engine.
+    "per-layer-type-rotary": (
+        "olmo3",
+        dict(
+            hidden_size=256,
+            intermediate_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            architectures=["Olmo3ForCausalLM"],
+        ),
+        r"Olmo3ForCausalLM: its rotary embedding .*layer_type",
+    ),
+}
 
 
-def test_per_layer_type_rotary_is_refused_at_start_up(tmp_path) -> None:
-    """OLMo 3's rotary takes ``forward(x, position_ids, layer_type)``: the Spyre class
-    would die replacing it inside the engine."""
+@pytest.mark.parametrize(
+    ("model_type", "fields", "expected"),
+    list(_REFUSED_BACKEND_MODELS.values()),
+    ids=list(_REFUSED_BACKEND_MODELS),
+)
+def test_backend_model_the_spyre_class_cannot_serve_is_refused_at_start_up(
+    tmp_path, model_type, fields, expected
+) -> None:
     from transformers import AutoConfig
     from vllm.engine.arg_utils import EngineArgs
 
-    from spyre_inference.testing import save_tokenizer
+    from spyre_inference.testing.models import save_config_only
 
-    config = AutoConfig.for_model(
-        "olmo3",
-        vocab_size=1024,
-        hidden_size=256,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        architectures=["Olmo3ForCausalLM"],
-    )
-    config.save_pretrained(tmp_path)
-    save_tokenizer(tmp_path, "decoder")
-    with pytest.raises(ValueError, match=r"Olmo3ForCausalLM: its rotary embedding .*layer_type"):
-        EngineArgs(model=str(tmp_path), max_model_len=256).create_engine_config()
+    model = save_config_only(AutoConfig.for_model(model_type, vocab_size=1024, **fields), tmp_path)
+    # vLLM re-raises the check's error as its config's ValidationError (a ValueError).
+    with pytest.raises(ValueError, match=expected):
+        EngineArgs(model=str(model), max_model_len=256).create_engine_config()
