@@ -82,18 +82,25 @@ WORKLOADS = {
 }
 
 
-@pytest.fixture(params=["cpu", "cpu_tiled", "card"])
+@pytest.fixture(params=["cpu", "cpu_prefill_flash", "cpu_tiled", "card"])
 def kernel_form(request, monkeypatch):
     """How the kernels run a step's tiles.
 
-    * ``cpu``: the cpu target's default, one tile through the CPU flash kernel
-      (decode batches through the host decode kernel, ``ops.host_decode``);
+    * ``cpu``: the cpu target's default: decode batches and prefills shorter than
+      ``policy.HOST_ROWS_MAX_QUERY`` (all of these workloads') through the host
+      decode kernel (``ops.host_decode``), longer prefills through the host flash
+      kernel (``ops.host_prefill``); the head-major layout through its graphs,
+      one tile through the CPU flash kernel;
+    * ``cpu_prefill_flash``: every multi-row sequence (and, without batched
+      decode, every decode) through the host flash kernel;
     * ``cpu_tiled``: the flash kernel over 256 KiB tiles (several per
       sequence here), merged by log-sum-exp, decode batches too;
     * ``card``: the card's form, one page per online-softmax step with
       matmuls and running statistics.
     """
-    if request.param == "cpu_tiled":
+    if request.param == "cpu_prefill_flash":
+        monkeypatch.setattr(policy, "HOST_ROWS_MAX_QUERY", 1)
+    elif request.param == "cpu_tiled":
         monkeypatch.setattr(policy, "CPU_TILE_BYTES", 256 << 10)
         monkeypatch.setattr(policy, "CPU_DECODE_KERNEL", False)
     elif request.param == "card":

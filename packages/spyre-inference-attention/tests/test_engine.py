@@ -32,7 +32,8 @@ pytest.importorskip("spyre_inference.testing")
 from attn_testutil import reset_settings
 from torch._dynamo.utils import counters
 
-from spyre_inference.attention.ops import compiled
+from spyre_inference.attention.ops import compiled, host_decode, host_prefill
+from spyre_inference.platform import device as placement
 from spyre_inference.testing import (
     TEST_PROMPTS,
     VOCAB_SIZE,
@@ -165,17 +166,36 @@ def assert_backend(llm: Any, name: str) -> None:
     assert impls == [IMPL_OF[DECODER_BACKENDS[name][0]]], impls
 
 
+def long_chunks(backend: str) -> dict[str, Any]:
+    """Engine options that let the token-major layouts prefill a whole test prompt at once."""
+    return {"max_num_batched_tokens": 512} if backend.startswith("token_major") else {}
+
+
+def assert_host_prefill_ran(backend: str, calls_before: int) -> None:
+    """On the cpu target (with its host kernels built) the token-major layouts' long
+    prompts took the host flash kernel."""
+    on_host = not placement.is_spyre() and host_decode.kernel_isa() is not None
+    if backend.startswith("token_major") and on_host:
+        assert host_prefill.calls() > calls_before
+
+
 # ---- greedy equals Hugging Face ------------------------------------------------------
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", sorted(DECODER_BACKENDS))
 def test_llama_greedy_matches_hf(backend, tiny_llama, make_llm, monkeypatch):
-    """All ten test prompts (5 to 354 tokens: chunked prefills, block crossings)."""
+    """All ten test prompts (5 to 354 tokens: chunked prefills, block crossings).
+
+    The token-major layouts take whole prompts in one chunk, so on the cpu target
+    the longer ones run on the host flash kernel and the shorter ones as host-kernel
+    rows; the head-major layout chunks them onto its graphs."""
     use_backend(monkeypatch, backend)
-    llm = make_llm(tiny_llama, enforce_eager=True)
+    llm = make_llm(tiny_llama, enforce_eager=True, **long_chunks(backend))
     assert_backend(llm, backend)
+    calls = host_prefill.calls()
     check_greedy(tiny_llama, llm, TEST_PROMPTS)
+    assert_host_prefill_ran(backend, calls)
 
 
 @pytest.mark.slow
@@ -183,9 +203,11 @@ def test_llama_greedy_matches_hf(backend, tiny_llama, make_llm, monkeypatch):
 def test_gemma3_sliding_window_matches_hf(backend, tiny_gemma3, make_llm, monkeypatch):
     """Window 48 on every other layer (shorter than most prompts), final soft-cap."""
     use_backend(monkeypatch, backend)
-    llm = make_llm(tiny_gemma3, enforce_eager=True)
+    llm = make_llm(tiny_gemma3, enforce_eager=True, **long_chunks(backend))
     assert_backend(llm, backend)
+    calls = host_prefill.calls()
     check_greedy(tiny_gemma3, llm, TEST_PROMPTS)
+    assert_host_prefill_ran(backend, calls)
 
 
 @pytest.fixture(scope="session")

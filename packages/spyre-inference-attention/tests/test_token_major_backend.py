@@ -297,18 +297,18 @@ def test_through_vllm_attention_layer(vllm_config, window):
 
 
 def test_cpu_target_attends_rows_on_the_host_kernel(vllm_config, monkeypatch):
-    """cpu target: decodes and a short prefill (7 rows padded onto a 64-row bucket) are
-    host-kernel rows, attended in one call per layer; a 63-row chunk over 1837 cached
-    tokens stays on its graph (it would cost the kernel more than its padded tile).
-    The output equals plain PyTorch attention either way."""
+    """cpu target: decodes and a short prefill (7 rows) are host-kernel rows, attended
+    in one call per layer; a 300-row chunk over 1600 cached tokens goes to the host
+    flash kernel, unpadded and without a mask. No graph runs; the output equals plain
+    PyTorch attention."""
     from vllm.forward_context import set_forward_context
     from vllm.model_executor.layers.attention import Attention
 
     from spyre_inference.attention import policy
-    from spyre_inference.attention.ops import host_decode
+    from spyre_inference.attention.ops import host_decode, host_prefill
 
     reset_settings(monkeypatch, SPYRE_BATCHED_DECODE=None)
-    case = Case([300, 1900, 129, 7], [1, 63, 1, 7], pad_tokens=2)
+    case = Case([300, 1900, 129, 7], [1, 300, 1, 7], pad_tokens=2)
     if not policy.use_host_decode(
         None, False, case.dtype, case.head_size, case.num_heads, case.num_kv_heads
     ):
@@ -329,12 +329,16 @@ def test_cpu_target_attends_rows_on_the_host_kernel(vllm_config, monkeypatch):
     builder = SpyreAttentionMetadataBuilder(step.spec, [name], vllm_config, torch.device("cpu"))
     metadata = builder.build(0, step.common)
 
-    assert [s.query_len for s in metadata.seqs] == [63]
-    assert metadata.decode is None
+    assert metadata.seqs == [] and metadata.decode is None
+    block_size = vllm_config.cache_config.block_size
+    [prefill] = metadata.host_prefills
+    assert (prefill.query_start, prefill.query_len, prefill.context_len) == (1, 300, 1600)
+    # Exactly the sequence's pages (1900 tokens), no bucket padding.
+    assert prefill.block_ids.tolist() == step.block_table[1, : -(-1900 // block_size)].tolist()
     host = metadata.host
     assert host is not None and not host.leading
-    # Query rows: request 0 is row 0, request 1 rows 1..63, request 2 row 64, request 3 65..71.
-    assert host.rows.tolist() == [0, 64, *range(65, 72)]
+    # Query rows: request 0 is row 0, request 2 row 301, request 3 rows 302..308.
+    assert host.rows.tolist() == [0, 301, *range(302, 309)]
     assert host.positions.tolist() == [299, 128, *range(7)]
     # Pages of the longest host sequence (300 tokens: 5 pages) onto their bucket (8).
     assert host.block_ids.shape == (9, 8)
@@ -345,7 +349,7 @@ def test_cpu_target_attends_rows_on_the_host_kernel(vllm_config, monkeypatch):
     assert (mask[2, :1] == 0).all() and (mask[2, 1:] < -1e30).all()  # first prompt token
 
     tokens = step.query.shape[0]
-    calls = host_decode.calls()
+    calls = host_decode.calls(), host_prefill.calls()
     with set_forward_context(
         {name: metadata}, vllm_config, slot_mapping={name: step.common.slot_mapping}
     ):
@@ -354,21 +358,20 @@ def test_cpu_target_attends_rows_on_the_host_kernel(vllm_config, monkeypatch):
             step.key.reshape(tokens, -1),
             step.value.reshape(tokens, -1),
         )
-    assert host_decode.calls() == calls + 1
+    assert (host_decode.calls(), host_prefill.calls()) == (calls[0] + 1, calls[1] + 1)
     n = step.num_actual_tokens
     out = out.view(tokens, case.num_heads, case.head_size)
     torch.testing.assert_close(out[:n].double(), reference(step), **FP32_TOL)
     assert (out[n:] == 0).all()
 
 
-def test_host_rows_cost_rule():
-    """The prefill routing rule on its own: padding waste sends a prefill to the host
-    kernel, a long context keeps it on the graph."""
-    from spyre_inference.attention.policy import host_rows_win
+def test_host_rows_rule():
+    """The cpu target's prefill routing on its own: short chunks join the decode
+    kernel's rows, longer ones take the flash kernel, whatever their context."""
+    from spyre_inference.attention.policy import HOST_ROWS_MAX_QUERY, host_rows_win
 
-    assert host_rows_win(128, 0, 512, 128)  # a short prompt on a 512-row bucket
-    assert not host_rows_win(500, 1500, 512, 2048)  # a full chunk over a long context
-    assert not host_rows_win(512, 3584, 512, 4096)
+    assert host_rows_win(1) and host_rows_win(HOST_ROWS_MAX_QUERY - 1)
+    assert not host_rows_win(HOST_ROWS_MAX_QUERY) and not host_rows_win(8192)
 
 
 # ---- the builder's plan -------------------------------------------------------

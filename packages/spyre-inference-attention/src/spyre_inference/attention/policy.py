@@ -68,25 +68,24 @@ def use_host_decode(
     return host_decode.unavailable_reason(cache_dtype, head_size, num_heads, num_kv_heads) is None
 
 
-#: cpu target: cost of one (query row, key) pair in the host kernel, in units of
-#: one (padded row, key) cell of the compiled graph's flash kernel. Measured on
-#: a 2-core AMD EPYC (Zen 4) with SmolLM2-135M's heads (9 over 3, head 64): the
-#: kernel ~35-59 ns per pair (it reads each key's K|V row once per query row),
-#: the graph ~26 ns per cell (GEMM tiles over the padded query and page bucket).
-HOST_ROW_COST = 2.0
+#: cpu target: prefill chunks of fewer query rows than this join the decode
+#: kernel's rows (:mod:`~spyre_inference.attention.ops.host_decode`); longer ones
+#: take the flash kernel (:mod:`~spyre_inference.attention.ops.host_prefill`).
+#: Both cost about the same per (query row, key) pair once past their fixed
+#: costs; the kernel has almost none (it joins the step's one call), the flash
+#: kernel a page gather and one or two calls. Measured on a 2-core AMD EPYC
+#: (Zen 4), SmolLM2-135M's heads (9 over 3, head 64), bfloat16, median of 7:
+#: at 128 rows the kernel 0.35 ms vs 0.49 ms (no context) and 11.5 vs 11.4 ms
+#: (4000 tokens of context); at 256 rows 1.4 vs 1.6 ms and 23.5 vs 18.9 ms; at
+#: 1024 rows 21.5 vs 15.9 ms and 114 vs 94 ms.
+HOST_ROWS_MAX_QUERY = 256
 
 
-def host_rows_win(q_len: int, context_len: int, query_bucket: int, kv_tokens: int) -> bool:
-    """Whether a prefill of ``q_len`` rows is cheaper on the host kernel than its graph.
-
-    The graph computes the whole ``query_bucket x kv_tokens`` tile, padding
-    included; the kernel only the causal keys of the real rows, about
-    ``q_len * (context_len + (q_len + 1) / 2)`` pairs, at :data:`HOST_ROW_COST`
-    times the price. Short prompts padded onto a 512-row bucket go to the
-    kernel; long chunks over long contexts stay on the graph's GEMMs.
-    """
-    pairs = q_len * (context_len + (q_len + 1) / 2)
-    return pairs * HOST_ROW_COST <= query_bucket * kv_tokens
+def host_rows_win(q_len: int) -> bool:
+    """Whether a prefill chunk of ``q_len`` rows runs on the decode kernel's rows
+    rather than the host flash kernel (cpu target; see :data:`HOST_ROWS_MAX_QUERY`;
+    the context length does not move the crossover measurably)."""
+    return q_len < HOST_ROWS_MAX_QUERY
 
 
 def host_kv_store() -> bool:

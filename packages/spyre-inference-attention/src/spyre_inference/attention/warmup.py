@@ -133,14 +133,7 @@ def _decoder_steps(
 
     def attend(q_lens: list[int], seq_lens: list[int]) -> None:
         cm = _common_metadata(q_lens, seq_lens, block_size, causal=True)
-        # Every graph variant compiles, including those the cpu target's host
-        # kernel would take for these lengths: a served prefill of other
-        # lengths in the same buckets runs on the graph.
-        builder.prefill_on_host = False
-        try:
-            metadata = builder.build(0, cm)
-        finally:
-            builder.prefill_on_host = True
+        metadata = builder.build(0, cm)
         n = cm.num_actual_tokens
         query = torch.zeros(
             (n, impl.num_heads, impl.head_size), dtype=dtype, device=kv_cache.device
@@ -153,7 +146,11 @@ def _decoder_steps(
     def seq_len_for(kv_bucket: int) -> int:
         return min(kv_bucket * block_size, max_len)
 
-    for q_bucket, kv_bucket in bucketer.variants(include_decode=not builder.batched_decode):
+    # On the cpu target's host kernels (decode rows and prefill flash) no page
+    # attention graph is ever entered: nothing to record but the KV store.
+    host = builder.host_rows_capable()
+    variants = [] if host else bucketer.variants(include_decode=not builder.batched_decode)
+    for q_bucket, kv_bucket in variants:
         q_len = (
             1
             if q_bucket == 1
@@ -167,8 +164,7 @@ def _decoder_steps(
                 lambda q_len=q_len, seq_len=seq_len: attend([q_len], [seq_len]),
             )
         )
-    # On the cpu target's host kernel, decodes compile nothing.
-    if builder.batched_decode and not builder.host_rows_capable():
+    if builder.batched_decode and not host:
         for num_seqs, kv_bucket in bucketer.decode_variants():
             seq_len = seq_len_for(kv_bucket)
             steps.append(
@@ -178,7 +174,8 @@ def _decoder_steps(
                 )
             )
     sizes = plan.token_buckets
-    if impl.compile_store and sizes:
+    # The host kernels' layout stores eagerly on the cpu target (policy.host_kv_store).
+    if impl.compile_store and sizes and not (host and policy.host_kv_store()):
         for num_tokens in sizes:
 
             def store(n: int = num_tokens) -> None:

@@ -178,6 +178,21 @@ class HostRows:
 
 
 @dataclasses.dataclass
+class HostPrefill:
+    """cpu target: one multi-row sequence attended eagerly over its real pages.
+
+    No query or page bucket and no host-built mask: the flash kernel of
+    :mod:`~spyre_inference.attention.ops.host_prefill` takes the causal and
+    window structure from ``context_len`` (see there for why)."""
+
+    query_start: int
+    query_len: int
+    context_len: int
+    #: ``[num_pages]`` int64 host tensor: exactly the sequence's pages, in order.
+    block_ids: torch.Tensor
+
+
+@dataclasses.dataclass
 class SpyreAttentionMetadata(AttentionMetadata):
     """Everything a layer needs for one step, built once per KV-cache group."""
 
@@ -194,6 +209,8 @@ class SpyreAttentionMetadata(AttentionMetadata):
     stats_dtype: torch.dtype
     #: cpu target: rows the host kernel attends (None: none, or not this target)
     host: HostRows | None = None
+    #: cpu target: prefills attended by the host flash kernel (empty elsewhere)
+    host_prefills: list[HostPrefill] = dataclasses.field(default_factory=list)
     _masks: dict[int | None, list[torch.Tensor]] = dataclasses.field(default_factory=dict)
     _host_masks: dict[int | None, torch.Tensor] = dataclasses.field(default_factory=dict)
     _decode_masks: dict[int | None, torch.Tensor] = dataclasses.field(default_factory=dict)
@@ -349,9 +366,6 @@ class PagedAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
         self.bucketer = make_bucketer(vllm_config, self.block_size)
         self.stats_dtype = policy.softmax_stats_dtype(kv_cache_spec.dtype)
         self.batched_decode = self.supports_batched_decode and policy.batched_decode_requested()
-        #: cpu target: prefills may run on the host kernel when cheaper (warm-up
-        #: turns this off while it compiles every graph variant).
-        self.prefill_on_host = True
         self._host_capable: bool | None = None
 
     def _group_impls(self) -> list[Any]:
@@ -496,6 +510,7 @@ class PagedAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
 
         on_host = self.host_rows_capable()
         seqs: list[SequencePlan] = []
+        host_prefills: list[HostPrefill] = []
         host_entries: list[tuple[int, int, int, int]] = []
         decode_rows: list[int] = []
         decode_lens: list[int] = []
@@ -513,17 +528,14 @@ class PagedAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
                 decode_rows.append(q_start)
                 decode_lens.append(seq_len)
                 decode_reqs.append(i)
-            elif (
-                on_host
-                and self.prefill_on_host
-                and policy.host_rows_win(
-                    q_len,
-                    seq_len - q_len,
-                    self.bucketer.query_bucket(q_len),
-                    self.bucketer.kv_bucket(cdiv(seq_len, self.block_size)) * self.block_size,
-                )
-            ):
-                host_entries.append((q_start, q_len, seq_len, i))
+            elif on_host:
+                # cpu target: no graph for prefills. Short ones join the decode
+                # kernel's rows, longer ones take the flash kernel.
+                if policy.host_rows_win(q_len):
+                    host_entries.append((q_start, q_len, seq_len, i))
+                else:
+                    pages = block_table[i, : cdiv(seq_len, self.block_size)].to(torch.int64)
+                    host_prefills.append(HostPrefill(q_start, q_len, seq_len - q_len, pages))
             else:
                 seqs.append(self._sequence_plan(q_start, q_len, seq_len, block_table[i]))
 
@@ -542,6 +554,7 @@ class PagedAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
             slot_mapping=cm.slot_mapping,
             stats_dtype=self.stats_dtype,
             host=host,
+            host_prefills=host_prefills,
         )
         impls = self._group_impls()
         for window in {impl.sliding_window for impl in impls}:
@@ -776,6 +789,8 @@ class PagedAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
             self._attend_decodes(query, kv_cache, attn_metadata, output)
         if attn_metadata.host is not None:
             self._attend_host_rows(query, kv_cache, attn_metadata, output)
+        if attn_metadata.host_prefills:
+            self._attend_host_prefills(query, kv_cache, attn_metadata, output)
         # Padding rows of the step are zeroed, not left uninitialised: they flow
         # through the next layers into K/V written to the null block, and a NaN
         # there would survive an additive mask.
@@ -831,6 +846,15 @@ class PagedAttentionImpl(AttentionImpl[SpyreAttentionMetadata]):
         output: torch.Tensor,
     ) -> None:
         raise AssertionError(f"the {self.layout_name} builder never plans host rows")
+
+    def _attend_host_prefills(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: SpyreAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        raise AssertionError(f"the {self.layout_name} builder never plans host prefills")
 
 
 class PagedAttentionBackend(AttentionBackend):

@@ -21,11 +21,13 @@ The KV cache of a layer is one dense tensor whose pages are token-major,
    second op's dispatch and Python on every layer of every step.
 3. **Page attention (device).** A host loop dispatches the compiled
    per-sequence kernel for every multi-row sequence, and the batched-decode
-   kernel once for all decodes; query rows are gathered on the device. On the
-   cpu target the decodes, and every prefill for which it is cheaper than its
-   padded graph (:func:`~spyre_inference.attention.policy.host_rows_win`), run
-   instead as one call of the host kernel per layer, one entry per query row
-   (:class:`HostRows`).
+   kernel once for all decodes; query rows are gathered on the device. The
+   cpu target enters no attention graph: the decodes and the short prefill
+   chunks (:func:`~spyre_inference.attention.policy.host_rows_win`) run as one
+   call of the host kernel per layer, one entry per query row
+   (:class:`HostRows`), and longer chunks through PyTorch's CPU flash kernel
+   over their unpadded pages (:class:`HostPrefill`,
+   :mod:`~spyre_inference.attention.ops.host_prefill`).
 4. **Write-back (device).** Each result is copied device-to-device into the
    layer's output buffer.
 
@@ -122,6 +124,7 @@ class SpyreAttentionImpl(PagedAttentionImpl):
         if (
             host is None
             or md.seqs
+            or md.host_prefills
             or md.decode is not None
             or not host.leading
             or host.num_rows != md.num_actual_tokens
@@ -234,6 +237,33 @@ class SpyreAttentionImpl(PagedAttentionImpl):
             output[:n].copy_(result)
         else:
             output.index_copy_(0, host.rows, result)
+
+    def _attend_host_prefills(
+        self,
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        md: SpyreAttentionMetadata,
+        output: torch.Tensor,
+    ) -> None:
+        """cpu target: each planned prefill through the host flash kernel, in place
+        of the card's page-attention graph (same pages; see ops.host_prefill)."""
+        pages, _ = self._cache_views(kv_cache)
+        flash = policy.use_flash(self.logits_soft_cap, query.dtype)
+        sinks = self._sinks_on_device(torch.float32)
+        for seq in md.host_prefills:
+            rows = slice(seq.query_start, seq.query_start + seq.query_len)
+            with ops.host_decode.as_graph_call("prefill attention"):
+                ops.host_prefill.paged_prefill(
+                    query[rows],
+                    pages,
+                    seq.block_ids,
+                    seq.context_len,
+                    self.scale,
+                    output[rows],
+                    sliding_window=self.sliding_window,
+                    sinks=sinks,
+                    compute_dtype=flash if isinstance(flash, torch.dtype) else None,
+                )
 
 
 class SpyreAttentionBackend(PagedAttentionBackend):

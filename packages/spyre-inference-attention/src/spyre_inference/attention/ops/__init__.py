@@ -8,7 +8,7 @@ index tensors arrive already built on the host and copied over by the
 backend.
 """
 
-from spyre_inference.attention.ops import host_decode
+from spyre_inference.attention.ops import host_decode, host_prefill
 from spyre_inference.attention.ops.compiled import KernelFamily, spyre_core_cap
 from spyre_inference.attention.ops.encoder_attention import (
     encoder_fused,
@@ -63,6 +63,7 @@ __all__ = [
     "head_major_pages",
     "head_major_rows",
     "host_decode",
+    "host_prefill",
     "kv_source",
     "mask_value",
     "online_softmax",
