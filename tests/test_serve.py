@@ -116,4 +116,7 @@ def test_warm_up_logs_progress(server) -> None:
     log = server.log()
     elapsed = r"\d+\.\d s \(\d+\.\d s total"
     _progress(rf"Warm-up (\d+)/(\d+): num_tokens=\d+: .* {elapsed}", log)
-    _progress(rf"Attention warm-up (\d+)/(\d+): .* in {elapsed}\)", log)
+    # The cpu target's host kernels leave no attention graph to record; the card's
+    # backends (and soft-capped or ALiBi layers) record theirs with progress lines.
+    if "Attention warm-up (SpyreAttentionBackend): nothing to record" not in log:
+        _progress(rf"Attention warm-up (\d+)/(\d+): .* in {elapsed}\)", log)

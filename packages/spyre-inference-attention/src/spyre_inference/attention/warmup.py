@@ -260,8 +260,8 @@ def record_backend(backend_cls: type, plan: AttentionWarmUpPlan) -> WarmUpReport
 
     report.variants = len(steps)
     if not steps:
-        report.skipped = "no compiled attention kernels (eager)"
-        logger.info("Attention warm-up (%s): nothing to record (kernels run eagerly).", name)
+        report.skipped = "no attention graph to compile (eager, or the cpu target's host kernels)"
+        logger.info("Attention warm-up (%s): nothing to record: %s.", name, report.skipped)
         return report
 
     logger.info(
