@@ -9,6 +9,7 @@ pairs collapse to one tensor and no copy is made.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from contextlib import AbstractContextManager
@@ -27,12 +28,11 @@ from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.utils import bind_kv_cache, map_kv_caches_to_kernel_blocks
 
 from spyre_inference.platform import device as dev
-from spyre_inference.platform import layer_swaps, settings
+from spyre_inference.platform import kv_allocation, layer_swaps, settings
 from spyre_inference.platform.block_compile import CompileReport, compile_model
 from spyre_inference.platform.buffers import SpyreCpuGpuBuffer, alias_host_buffers
 from spyre_inference.platform.host_env import cuda_stream_placeholders, neutralize_cuda_runtime
 from spyre_inference.platform.host_sampler import HostTopKTopPSampler
-from spyre_inference.platform.kv_allocation import allocate_device_kv_cache
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.model_wrapper import _SpyreModelWrapper
 from spyre_inference.platform.token_buckets import TokenBuckets
@@ -152,35 +152,41 @@ class TorchSpyreModelRunner(GPUModelRunner):
         kernel_block_sizes: list[int],
         kv_cache_allocation_context: AbstractContextManager | None = None,
     ) -> dict[str, torch.Tensor]:
-        """The KV cache: on the card path it lives on the device.
+        """The KV cache, as vLLM lays it out, in memory each target can use well.
 
-        vLLM allocates one flat int8 buffer on ``self.device``, which is the
-        host here (the runner's bookkeeping device), and views it per layer.
-        Spec ("Attention Backend"): the cache is one dense tensor per layer *on
-        Spyre*, and the card has no int8 tensors. So the backing buffer is
-        allocated on the device in the cache's float dtype, and vLLM's own
-        per-layer views are taken of its bytes (a reinterpreting view, no int8
-        data). The cpu target keeps vLLM's allocation.
+        vLLM allocates one flat int8 buffer of zeros on ``self.device`` (the host
+        here: the runner's bookkeeping device) and views it per layer; this keeps
+        its views and binding and changes where the bytes live
+        (:mod:`~spyre_inference.platform.kv_allocation`). Spec ("Attention
+        Backend"): the cache is one dense tensor per layer *on Spyre*, and the
+        card has no int8 tensors, so there the buffer is allocated on the device
+        in the cache's float dtype. The cpu target takes zero pages from the
+        kernel instead of writing gigabytes of zeros at start-up.
         """
-        if not dev.is_spyre():
-            return super().initialize_kv_cache_tensors(
-                kv_cache_config, kernel_block_sizes, kv_cache_allocation_context
-            )
-        kv_caches = allocate_device_kv_cache(
+        nbytes = kv_allocation.backing_size(kv_cache_config)
+        with kv_cache_allocation_context or contextlib.nullcontext():
+            if dev.is_spyre():
+                backing = kv_allocation.device_backing(nbytes, dev.device(), self.kv_cache_dtype)
+            else:
+                backing = kv_allocation.zeroed_host_backing(nbytes)
+        kv_caches = kv_allocation.kv_cache_views(
             kv_cache_config,
-            dev.device(),
-            self.kv_cache_dtype,
+            backing,
             self.cache_config.get_resolved_kv_cache_layout(),
             kernel_block_sizes,
         )
         for layer_name, target_layer_name in self.shared_kv_cache_layers.items():
             kv_caches[layer_name] = kv_caches[target_layer_name]
+        # As GPUModelRunner.initialize_kv_cache_tensors binds them (vLLM 0.33).
+        num_attn_module = 2 if self.model_config.hf_config.model_type == "longcat_flash" else 1
         attn_groups = [g for groups in self.attn_groups for g in groups]
+        if self.speculative_config:
+            attn_groups += getattr(self.drafter, "draft_attn_groups", [])
         bind_kv_cache(
             kv_caches,
             self.compilation_config.static_forward_context,
             self.kv_caches,
-            1,
+            num_attn_module,
             kv_cache_groups=kv_cache_config.kv_cache_groups,
             layer_kv_caches=map_kv_caches_to_kernel_blocks(kv_caches, attn_groups),
         )
