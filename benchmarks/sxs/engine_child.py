@@ -198,7 +198,9 @@ def _paths(system: str) -> dict[str, str]:
             f"(ATen dispatch {cpu}, AMX tiles {'available' if amx else 'absent'})",
             "attention": attn,
         }
-    from spyre_inference.attention.ops import host_decode
+    from spyre_inference.attention import ops as attn_ops
+    from spyre_inference.attention import policy
+    from spyre_inference.attention.ops import host_decode, host_prefill
     from spyre_inference.ops import host_gemm, onednn_linear
     from spyre_inference.platform import device
 
@@ -215,7 +217,19 @@ def _paths(system: str) -> dict[str, str]:
         decode = f"plugin decode-attention kernel, {host_decode.kernel_isa()} build"
     else:
         decode = "compiled batched-decode graph"
-    return {"GEMM": gemm, "decode attention": decode, "prefill attention": "compiled graph"}
+    # Prefill chunks: short ones join the decode kernel's rows, long ones take the
+    # flash kernel; the graph only where a layer cannot use either.
+    prefill = []
+    if host_decode.calls():
+        short = f"< {policy.HOST_ROWS_MAX_QUERY} rows"
+        prefill.append(f"decode-attention kernel rows ({short})")
+    if host_prefill.calls():
+        prefill.append(
+            f"PyTorch CPU flash kernel over unpadded pages ({host_prefill.calls()} calls)"
+        )
+    if len(attn_ops.PAGE_ATTENTION):
+        prefill.append(f"compiled graph ({len(attn_ops.PAGE_ATTENTION)} variants)")
+    return {"GEMM": gemm, "decode attention": decode, "prefill attention": "; ".join(prefill)}
 
 
 def _medians(result: dict[str, Any]) -> dict[str, float]:

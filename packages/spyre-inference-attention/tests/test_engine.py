@@ -199,6 +199,20 @@ def test_llama_greedy_matches_hf(backend, tiny_llama, make_llm, monkeypatch):
 
 
 @pytest.mark.slow
+def test_long_prompt_in_chunks_matches_hf(tiny_llama, make_llm, monkeypatch):
+    """A 600-odd-token prompt prefilled in 256-token chunks: on the cpu target the two
+    full chunks take the host flash kernel (context 0, then 256: its own keys causally,
+    the first chunk's fully), the rest joins the decode kernel's rows."""
+    use_backend(monkeypatch, "token_major")
+    prompt = " ".join(TEST_PROMPTS[-4:])
+    llm = make_llm(tiny_llama, enforce_eager=True, max_model_len=1000, max_num_batched_tokens=256)
+    assert 512 < len(llm.get_tokenizer()(prompt).input_ids) < 1000 - MAX_NEW_TOKENS
+    calls = host_prefill.calls()
+    check_greedy(tiny_llama, llm, [prompt])
+    assert_host_prefill_ran("token_major", calls)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["token_major", "head_major"])
 def test_gemma3_sliding_window_matches_hf(backend, tiny_gemma3, make_llm, monkeypatch):
     """Window 48 on every other layer (shorter than most prompts), final soft-cap."""
