@@ -69,7 +69,10 @@ def step_reserve(shape: StepShape) -> dict[str, int]:
     and their softmax for every head over every key: ``heads x tokens x
     max_model_len`` (warm-up records that variant too). Seen without this term:
     Gemma-3-270M in float32 with ``LLM()`` defaults (8192-token chunks, 32768
-    keys, 4 heads) was OOM-killed in attention warm-up.
+    keys, 4 heads) was OOM-killed in attention warm-up. The core cannot tell
+    which attention path a layer takes (the attention package decides), so the
+    term is kept for all: layers on the cpu target's host kernels, which read
+    pages in place or through the flash kernel's own tiles, need far less.
     """
     per_token = 4 * shape.hidden_size + shape.qkv_size + 3 * shape.intermediate_size
     return {
