@@ -9,10 +9,9 @@ pairs collapse to one tensor and no copy is made.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -164,7 +163,7 @@ class TorchSpyreModelRunner(GPUModelRunner):
         kernel instead of writing gigabytes of zeros at start-up.
         """
         nbytes = kv_allocation.backing_size(kv_cache_config)
-        with kv_cache_allocation_context or contextlib.nullcontext():
+        with kv_cache_allocation_context or nullcontext():
             if dev.is_spyre():
                 backing = kv_allocation.device_backing(nbytes, dev.device(), self.kv_cache_dtype)
             else:

@@ -20,8 +20,8 @@ upper triangle and keeps its own tiles, runs over the real rows and keys:
   (the kernel's causal mask is top-left aligned, which is right when the keys
   start at the first query row's position);
 * keys of the earlier context (a later chunk, or a prefix-cache hit), all
-  visible, in a second call; the two merge by their log-sum-exp, as the
-  graph's tiles do;
+  visible, in a second call; the two merge by their log-sum-exp
+  (:func:`~.page_attention.merge_by_lse`, as the graph's flash tiles do);
 * a sliding window masks explicitly, a block of query rows at a time, over
   only the keys the block's window can reach;
 * attention sinks join the denominator after the merge (as in the graph).
@@ -36,7 +36,11 @@ from __future__ import annotations
 
 import torch
 
-from spyre_inference.attention.ops.page_attention import mask_value
+from spyre_inference.attention.ops.page_attention import (
+    add_sink_by_lse,
+    mask_value,
+    merge_by_lse,
+)
 
 #: Query rows per explicit-mask call of a windowed layer: keeps the additive
 #: mask at ``rows x (window + rows)`` whatever the prompt length.
@@ -62,17 +66,6 @@ def _flash(
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, causal, attn_mask=mask, scale=scale
     )
-
-
-def _merge(
-    a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two partial softmaxes over disjoint keys as one (float32 result)."""
-    (out_a, lse_a), (out_b, lse_b) = a, b
-    lse = torch.logaddexp(lse_a, lse_b)
-    out = out_a.float() * torch.exp(lse_a - lse).unsqueeze(-1)
-    out = out + out_b.float() * torch.exp(lse_b - lse).unsqueeze(-1)
-    return out, lse
 
 
 def _windowed(
@@ -149,12 +142,10 @@ def paged_prefill(
     else:
         result = _flash(qh, k[:, :, context_len:], v[:, :, context_len:], scale, True)
         if context_len:
-            earlier = _flash(qh, k[:, :, :context_len], v[:, :, :context_len], scale, False)
-            result = _merge(result, earlier)
+            o, lse = result
+            o_ctx, lse_ctx = _flash(qh, k[:, :, :context_len], v[:, :, :context_len], scale, False)
+            result = merge_by_lse(o.float(), lse, o_ctx.float(), lse_ctx)
     o, lse = result
     if sinks is not None:
-        # o is normalised by exp(lse); with the sink the normaliser is
-        # exp(lse) + exp(sink): scale each head's rows by exp(lse - logaddexp).
-        sink = sinks.to(torch.float32).view(1, num_heads, 1)
-        o = o.float() * torch.exp(lse - torch.logaddexp(lse, sink)).unsqueeze(-1)
+        o = add_sink_by_lse(o.float(), lse, sinks.to(torch.float32).view(1, num_heads, 1))
     out.copy_(o.squeeze(0).transpose(0, 1))

@@ -67,6 +67,27 @@ def sink_rows(sinks: torch.Tensor, b: int, kvh: int, groups: int, q_len: int) ->
     return rows.reshape(b, kvh, groups * q_len, 1)
 
 
+def merge_by_lse(
+    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two attention results over disjoint keys as one, with the joint log-sum-exp.
+
+    Each result is normalised by its own ``exp(lse)``; over the union of keys the
+    normaliser is ``exp(logaddexp(lse_a, lse_b))``, so each is reweighted by its
+    share of it. ``out_*`` ``[..., rows, D]``, ``lse_*`` ``[..., rows]``.
+    """
+    lse = torch.logaddexp(lse_a, lse_b)
+    out = out_a * torch.exp(lse_a - lse).unsqueeze(-1)
+    out = out + out_b * torch.exp(lse_b - lse).unsqueeze(-1)
+    return out, lse
+
+
+def add_sink_by_lse(out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
+    """``out`` (normalised by ``exp(lse)``) with a sink logit joining the denominator:
+    the normaliser becomes ``exp(lse) + exp(sink)``. ``sink`` broadcasts to ``lse``."""
+    return out * torch.exp(lse - torch.logaddexp(lse, sink)).unsqueeze(-1)
+
+
 def online_softmax(
     q: torch.Tensor,
     tiles: Iterable[Tile],
@@ -124,17 +145,11 @@ def online_softmax(
             if out is None:
                 out, lse = tile_out, tile_lse
             else:
-                new = torch.logaddexp(lse, tile_lse)
-                out = out * torch.exp(lse - new).unsqueeze(-1)
-                out = out + tile_out * torch.exp(tile_lse - new).unsqueeze(-1)
-                lse = new
+                out, lse = merge_by_lse(out, lse, tile_out, tile_lse)
         assert out is not None, "attention over zero pages"
         if sinks is not None:
-            # out is normalised by exp(lse); with the sink the normaliser is
-            # exp(lse) + exp(sink): scale by exp(lse - logaddexp(lse, sink)).
             sink = sink_rows(sinks, b, kvh, groups, q_len).squeeze(-1)
-            lse = lse.to(stats)
-            out = out * torch.exp(lse - torch.logaddexp(lse, sink)).unsqueeze(-1)
+            out = add_sink_by_lse(out, lse.to(stats), sink)
         return out
 
     m = denom = acc = None
