@@ -1,7 +1,8 @@
-"""Start-up check of the attention package: what the head-major KV layout cannot do.
+"""Start-up checks of the attention package: what the head-major KV layout cannot
+do, and a forced prefill kernel this CPU cannot run.
 
 Published in the core's entry-point group ``spyre_inference.config_checks``;
-the platform runs it from ``check_and_update_config``, in the user's process,
+the platform runs them from ``check_and_update_config``, in the user's process,
 before an engine starts. The head-major backend refuses the same
 configurations when its layers are built, but that happens in the engine
 process, where the message reaches the user only through the log.
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from spyre_inference.attention import policy
+from spyre_inference.platform import device as placement
 from spyre_inference.platform import settings
 
 if TYPE_CHECKING:
@@ -73,10 +75,30 @@ def check_head_major(vllm_config: VllmConfig) -> None:
         )
 
 
+def check_prefill_kernel(vllm_config: VllmConfig) -> None:
+    """``SPYRE_CPU_PREFILL_KERNEL=plugin`` is refused on a host that cannot run it.
+
+    Left to the engine, the first long prompt would fail there. Building the
+    kernel (about a second) happens only when the setting forces it.
+    """
+    if settings.get("SPYRE_CPU_PREFILL_KERNEL") != "plugin" or placement.is_spyre():
+        return
+    from spyre_inference.attention.ops import host_prefill
+
+    reason = host_prefill.kernel_unavailable_reason()
+    if reason is not None:
+        raise ValueError(
+            f"SPYRE_CPU_PREFILL_KERNEL=plugin cannot be used here: {reason}. Unset "
+            "SPYRE_CPU_PREFILL_KERNEL (auto uses the kernel where the CPU has AVX-512 BF16) "
+            "or set it to torch."
+        )
+
+
 __all__ = [
     "ALIBI_ARCHITECTURES",
     "HeadMajorConfigError",
     "check_batched_decode",
     "check_head_major",
+    "check_prefill_kernel",
     "uses_alibi",
 ]

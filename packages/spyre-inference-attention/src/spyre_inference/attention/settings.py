@@ -57,4 +57,15 @@ SETTINGS: tuple[Setting, ...] = (
         "runs.",
         choices=("auto", "graph"),
     ),
+    Setting(
+        "SPYRE_CPU_PREFILL_KERNEL",
+        "auto",
+        "cpu target: what a bfloat16 prefill chunk of 256 or more rows attends through (with "
+        "`SPYRE_CPU_ATTN_KERNEL=auto`). `plugin`: the plugin's AVX-512 BF16 kernel "
+        "(`csrc/paged_prefill.c`, built with the system C compiler; refused at start-up on a "
+        "CPU without AVX-512 BF16); `torch`: PyTorch's CPU flash kernel; `auto`: the plugin's "
+        "kernel on CPUs with AVX-512 BF16 and no AMX, PyTorch's elsewhere (with AMX, PyTorch's "
+        "kernel can use the tile unit through oneDNN). Other dtypes always take PyTorch's.",
+        choices=("auto", "plugin", "torch"),
+    ),
 )

@@ -57,6 +57,11 @@ AVX512_CFLAGS: tuple[str, ...] = (
     "-mavx512dq",
 )
 AVX512_CPU_FLAGS: tuple[str, ...] = (*AVX2_CPU_FLAGS, "avx512f", "avx512bw", "avx512vl", "avx512dq")
+#: AVX-512 with the bfloat16 dot product (VDPBF16PS: Cooper Lake, Sapphire
+#: Rapids and later Xeons, AMD Zen 4 and later), for kernels that multiply
+#: 16-bit values without widening them first.
+AVX512BF16_CFLAGS: tuple[str, ...] = (*AVX512_CFLAGS, "-mavx512bf16")
+AVX512BF16_CPU_FLAGS: tuple[str, ...] = (*AVX512_CPU_FLAGS, "avx512_bf16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +75,7 @@ class Isa:
 
 #: Instruction sets, widest first.
 ISAS: tuple[Isa, ...] = (
+    Isa("avx512bf16", AVX512BF16_CPU_FLAGS, AVX512BF16_CFLAGS),
     Isa("avx512", AVX512_CPU_FLAGS, AVX512_CFLAGS),
     Isa("avx2", AVX2_CPU_FLAGS, AVX2_CFLAGS),
 )
@@ -224,6 +230,8 @@ def load_torch_extension(
 __all__ = [
     "AVX2_CFLAGS",
     "AVX2_CPU_FLAGS",
+    "AVX512BF16_CFLAGS",
+    "AVX512BF16_CPU_FLAGS",
     "AVX512_CFLAGS",
     "AVX512_CPU_FLAGS",
     "ISAS",

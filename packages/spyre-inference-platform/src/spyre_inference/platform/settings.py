@@ -210,10 +210,12 @@ SETTINGS: tuple[Setting, ...] = (
         "auto",
         "cpu target: the instruction set the plugin's host kernels are built for. `auto` "
         "takes the widest this CPU runs and the kernel has a build for (the host GEMM and the "
-        "decode-attention kernel: `avx512` on CPUs with AVX-512 F/BW/VL/DQ, else `avx2`); a "
-        "named one is used or the kernel is unavailable (never a silent fallback). The GEMM "
-        "builds give identical bits; the attention builds agree to float32 rounding.",
-        choices=("auto", "avx2", "avx512"),
+        "decode-attention kernel: `avx512` on CPUs with AVX-512 F/BW/VL/DQ, else `avx2`; the "
+        "prefill-attention kernel: `avx512bf16` only, on CPUs with AVX-512 BF16); a named one "
+        "caps the choice (a kernel without a build up to it is unavailable) and one the CPU "
+        "lacks is refused (never a silent fallback). The GEMM builds give identical bits; the "
+        "decode-attention builds agree to float32 rounding.",
+        choices=("auto", "avx2", "avx512", "avx512bf16"),
     ),
 )
 
