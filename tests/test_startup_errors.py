@@ -328,7 +328,7 @@ def test_spyre_target_without_a_card_is_a_clear_error(tiny_llama, monkeypatch) -
         device.target_choice()
 
 
-@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("isa", ["avx2", "avx512", "avx512bf16"])
 def test_forced_cpu_isa_is_used_or_refused_at_start_up(tiny_llama, monkeypatch, isa) -> None:
     """SPYRE_CPU_ISA naming an instruction set this CPU runs is accepted; one it
     lacks is refused in the user's process, naming the setting and the fix."""

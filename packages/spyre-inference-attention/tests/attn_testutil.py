@@ -17,6 +17,7 @@ result rather than passing by luck.
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import torch
 import torch.nn.functional as F
@@ -196,9 +197,20 @@ def make_impl(backend, vllm_config, case: Case):
 
 
 def run_backend(backend, vllm_config, step: Step, impl=None) -> torch.Tensor:
-    builder = backend.get_builder_cls()(step.spec, ["layer.0"], vllm_config, torch.device("cpu"))
-    metadata = builder.build(common_prefix_len=0, common_attn_metadata=step.common)
     impl = impl or make_impl(backend, vllm_config, step.case)
+    # The layer is registered under its name, as vLLM's Attention layers are
+    # while the model loads: the builder reads its impls from the forward
+    # context to route rows (the cpu target's host decode and prefill paths),
+    # and a bare builder would keep every row on the graphs.
+    context = vllm_config.compilation_config.static_forward_context
+    context["layer.0"] = types.SimpleNamespace(impl=impl)
+    try:
+        builder = backend.get_builder_cls()(
+            step.spec, ["layer.0"], vllm_config, torch.device("cpu")
+        )
+        metadata = builder.build(common_prefix_len=0, common_attn_metadata=step.common)
+    finally:
+        del context["layer.0"]
     # forward stores the step's K/V first (forward_includes_kv_cache_update).
     output = torch.full_like(step.query, float("nan"))
     return impl.forward(

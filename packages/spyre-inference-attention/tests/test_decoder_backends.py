@@ -37,6 +37,7 @@ from spyre_inference.attention import ops, policy
 from spyre_inference.attention.backends.head_major import SpyreHeadMajorAttentionBackend
 from spyre_inference.attention.backends.token_major import SpyreAttentionBackend
 from spyre_inference.attention.ops import compiled as compiled_ops
+from spyre_inference.platform import settings
 
 BACKENDS = {
     "token_major": (SpyreAttentionBackend, "1"),
@@ -82,7 +83,7 @@ WORKLOADS = {
 }
 
 
-@pytest.fixture(params=["cpu", "cpu_prefill_flash", "cpu_tiled", "card"])
+@pytest.fixture(params=["cpu", "cpu_prefill_flash", "cpu_prefill_kernel", "cpu_tiled", "card"])
 def kernel_form(request, monkeypatch):
     """How the kernels run a step's tiles.
 
@@ -92,14 +93,31 @@ def kernel_form(request, monkeypatch):
       kernel (``ops.host_prefill``); the head-major layout through its graphs,
       one tile through the CPU flash kernel;
     * ``cpu_prefill_flash``: every multi-row sequence (and, without batched
-      decode, every decode) through the host flash kernel;
+      decode, every decode) through the host prefill path on PyTorch's flash
+      kernel (``SPYRE_CPU_PREFILL_KERNEL=torch``);
+    * ``cpu_prefill_kernel``: the same rows on the plugin's AVX-512 BF16
+      prefill kernel (``SPYRE_CPU_PREFILL_KERNEL=plugin``; bfloat16 only, so
+      float32 cases still take PyTorch's; skipped on CPUs without AVX-512 BF16);
     * ``cpu_tiled``: the flash kernel over 256 KiB tiles (several per
       sequence here), merged by log-sum-exp, decode batches too;
     * ``card``: the card's form, one page per online-softmax step with
       matmuls and running statistics.
     """
-    if request.param == "cpu_prefill_flash":
+    if request.param in ("cpu_prefill_flash", "cpu_prefill_kernel"):
+        from spyre_inference.attention.ops import host_prefill
+
+        if request.param == "cpu_prefill_kernel" and host_prefill.kernel_unavailable_reason():
+            pytest.skip(f"prefill kernel: {host_prefill.kernel_unavailable_reason()}")
         monkeypatch.setattr(policy, "HOST_ROWS_MAX_QUERY", 1)
+        kernel = "plugin" if request.param == "cpu_prefill_kernel" else "torch"
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("SPYRE_CPU_PREFILL_KERNEL", kernel)
+            settings.reset_cache()
+            host_prefill.kernel_choice.cache_clear()
+            yield request.param
+        settings.reset_cache()
+        host_prefill.kernel_choice.cache_clear()
+        return
     elif request.param == "cpu_tiled":
         monkeypatch.setattr(policy, "CPU_TILE_BYTES", 256 << 10)
         monkeypatch.setattr(policy, "CPU_DECODE_KERNEL", False)
@@ -107,7 +125,7 @@ def kernel_form(request, monkeypatch):
         monkeypatch.setattr(policy, "CPU_TILE_BYTES", 1)
         monkeypatch.setattr(policy, "CPU_FLASH_ATTENTION", False)
         monkeypatch.setattr(policy, "CPU_DECODE_KERNEL", False)
-    return request.param
+    yield request.param
 
 
 @pytest.mark.parametrize("workload", sorted(WORKLOADS))
@@ -221,8 +239,10 @@ def test_alibi_with_window_and_mqa(vllm_config):
 
 
 @pytest.mark.parametrize("workload", ["mixed", "long_context"])
-def test_compiled_matches_reference(backend, compiled_vllm_config, workload):
-    """Through the Inductor graphs (one per bucket), as served."""
+def test_compiled_matches_reference(backend, compiled_vllm_config, workload, monkeypatch):
+    """Through the Inductor graphs (one per bucket), as the card serves (the cpu
+    target's host paths off)."""
+    monkeypatch.setattr(policy, "CPU_DECODE_KERNEL", False)
     seq_lens, query_lens = WORKLOADS[workload]
     impl = make_impl(backend, compiled_vllm_config, Case(seq_lens, query_lens))
     assert impl.compile_kernels and impl.compile_store

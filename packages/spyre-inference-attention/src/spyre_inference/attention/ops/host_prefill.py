@@ -154,7 +154,7 @@ def _kernel_serves(
         compute == torch.bfloat16
         and pages.dtype == torch.bfloat16
         and pages.stride(3) == 1
-        and head_size % 32 == 0
+        and head_size % 16 == 0
         and num_heads % num_kv_heads == 0
         and kernel_choice() == "plugin"
     )

@@ -40,7 +40,7 @@
  *   block_ids [ceil(n / BS)] int64, the sequence's pages in order
  *   sinks    [H] float32 or NULL
  *   out      row i, head h at out + i*out_row + h*out_head (bf16)
- * Requires D % 32 == 0 and H % KVH == 0 (checked by the caller).
+ * Requires D % 16 == 0 and H % KVH == 0 (checked by the caller).
  *
  * Built only with AVX-512 F/BW/VL/DQ + BF16 (-mavx512bf16); OpenMP resolves to
  * the libgomp torch already loaded, so there is one thread pool. */
