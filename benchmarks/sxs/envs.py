@@ -83,6 +83,18 @@ def _tmpdir(prefix: str) -> str:
 # ---- run environments ------------------------------------------------------
 
 
+def default_model(plugin_python: Path, env: dict[str, str]) -> str:
+    """Path of the embedded default model, prepared by the plugin's venv (SmolLM2-135M)."""
+    done = subprocess.run(
+        [str(plugin_python.parent / "spyre-prepare-default-model")],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip().splitlines()[-1]
+
+
 def base_env(python: Path) -> dict[str, str]:
     """Offline, no usage reports, the venv first on PATH."""
     env = dict(os.environ)
