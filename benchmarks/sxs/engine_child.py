@@ -199,7 +199,6 @@ def _paths(system: str) -> dict[str, str]:
             "attention": attn,
         }
     from spyre_inference.attention import ops as attn_ops
-    from spyre_inference.attention import policy
     from spyre_inference.attention.ops import host_decode, host_prefill
     from spyre_inference.ops import host_gemm, onednn_linear
     from spyre_inference.platform import device
@@ -221,8 +220,7 @@ def _paths(system: str) -> dict[str, str]:
     # flash kernel; the graph only where a layer cannot use either.
     prefill = []
     if host_decode.calls():
-        short = f"< {policy.HOST_ROWS_MAX_QUERY} rows"
-        prefill.append(f"decode-attention kernel rows ({short})")
+        prefill.append("decode-attention kernel rows (short chunks, `policy.host_rows_win`)")
     kernel_calls = host_prefill.kernel_calls()
     if kernel_calls:
         prefill.append(f"plugin prefill-attention kernel, avx512bf16 build ({kernel_calls} calls)")

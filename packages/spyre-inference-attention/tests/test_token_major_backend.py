@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from attn_testutil import (
+    BF16_TOL,
     FP32_TOL,
     Case,
     allocate_layer_cache,
@@ -365,13 +366,77 @@ def test_cpu_target_attends_rows_on_the_host_kernel(vllm_config, monkeypatch):
     assert (out[n:] == 0).all()
 
 
+def test_bf16_prefills_route_by_the_plugin_kernel_rule(vllm_config, monkeypatch):
+    """cpu target, bfloat16, where the plugin's prefill kernel serves: a 192-row first
+    chunk and a 20-row chunk after 1000 tokens take it, a 128-row first chunk and a
+    7-row one stay decode-kernel rows (``policy.host_rows_win``); the step's output
+    is plain PyTorch attention within bf16 rounding."""
+    from vllm.forward_context import set_forward_context
+    from vllm.model_executor.layers.attention import Attention
+
+    from spyre_inference.attention import policy
+    from spyre_inference.attention.ops import host_prefill
+
+    reset_settings(monkeypatch, SPYRE_BATCHED_DECODE=None, SPYRE_CPU_PREFILL_KERNEL="plugin")
+    host_prefill.reset_for_tests()
+    case = Case([192, 128, 1020, 7, 150], [192, 128, 20, 7, 1], head_size=64, dtype=torch.bfloat16)
+    if host_prefill.kernel_unavailable_reason() or not policy.use_host_decode(
+        None, False, case.dtype, case.head_size, case.num_heads, case.num_kv_heads
+    ):
+        pytest.skip("the host kernels are not used here")
+    name = "model.layers.3.self_attn.attn"
+    with set_current_vllm_config(vllm_config):
+        layer = Attention(
+            num_heads=case.num_heads,
+            head_size=case.head_size,
+            scale=case.head_size**-0.5,
+            num_kv_heads=case.num_kv_heads,
+            cache_config=vllm_config.cache_config,
+            prefix=name,
+            attn_backend=SpyreAttentionBackend,
+        )
+    step = prepare(case, vllm_config.cache_config.block_size)
+    layer.bind_kv_cache(step.kv_cache)
+    builder = SpyreAttentionMetadataBuilder(step.spec, [name], vllm_config, torch.device("cpu"))
+    metadata = builder.build(0, step.common)
+    routed = [(p.query_start, p.query_len, p.context_len) for p in metadata.host_prefills]
+    assert routed == [(0, 192, 0), (320, 20, 1000)]
+    assert metadata.host is not None
+    assert metadata.host.rows.tolist() == [*range(192, 320), *range(340, 347), 347]
+
+    tokens = step.query.shape[0]
+    calls = host_prefill.kernel_calls()
+    with set_forward_context(
+        {name: metadata}, vllm_config, slot_mapping={name: step.common.slot_mapping}
+    ):
+        out = layer(
+            step.query.reshape(tokens, -1),
+            step.key.reshape(tokens, -1),
+            step.value.reshape(tokens, -1),
+        )
+    assert host_prefill.kernel_calls() == calls + 2
+    n = step.num_actual_tokens
+    out = out.view(tokens, case.num_heads, case.head_size)
+    torch.testing.assert_close(out[:n].double(), reference(step), **BF16_TOL)
+    host_prefill.reset_for_tests()
+
+
 def test_host_rows_rule():
     """The cpu target's prefill routing on its own: short chunks join the decode
-    kernel's rows, longer ones take the flash kernel, whatever their context."""
+    kernel's rows. Against PyTorch's flash kernel longer ones move at 256 rows
+    whatever their context; against the plugin's prefill kernel from 16 rows, once
+    the chunk's (row, key) pairs make up for packing the keys (192 rows without
+    context, 16 after ~1150 tokens)."""
     from spyre_inference.attention.policy import HOST_ROWS_MAX_QUERY, host_rows_win
 
-    assert host_rows_win(1) and host_rows_win(HOST_ROWS_MAX_QUERY - 1)
+    assert host_rows_win(1) and host_rows_win(HOST_ROWS_MAX_QUERY - 1, 4000)
     assert not host_rows_win(HOST_ROWS_MAX_QUERY) and not host_rows_win(8192)
+    assert host_rows_win(15, 4000, plugin_kernel=True)
+    assert host_rows_win(128, 0, plugin_kernel=True)
+    assert not host_rows_win(192, 0, plugin_kernel=True)
+    assert host_rows_win(16, 1000, plugin_kernel=True)
+    assert not host_rows_win(16, 1200, plugin_kernel=True)
+    assert not host_rows_win(HOST_ROWS_MAX_QUERY, 0, plugin_kernel=True)
 
 
 # ---- the builder's plan -------------------------------------------------------

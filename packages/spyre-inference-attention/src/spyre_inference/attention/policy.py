@@ -77,14 +77,44 @@ def use_host_decode(
 #: (Zen 4), SmolLM2-135M's heads (9 over 3, head 64), bfloat16, median of 7:
 #: at 128 rows the kernel 0.35 ms vs 0.49 ms (no context) and 11.5 vs 11.4 ms
 #: (4000 tokens of context); at 256 rows 1.4 vs 1.6 ms and 23.5 vs 18.9 ms; at
-#: 1024 rows 21.5 vs 15.9 ms and 114 vs 94 ms.
+#: 1024 rows 21.5 vs 15.9 ms and 114 vs 94 ms. Those isolated figures flatter
+#: the flash kernel: in the engine (where the rows share the layer's one fused
+#: store-and-attend call) on the same CPU, bfloat16, the rows took 25.4 ms per
+#: 256-token prompt over 30 layers against the flash kernel's 55.0, and 132 vs
+#: 174 ms at 512 tokens; 892 vs 884 ms for 1536 tokens in 512-token chunks.
+#: That class now takes the plugin's prefill kernel for bfloat16 (below); the
+#: crossover for the flash kernel is left at 256 until it is measured in the
+#: engine on the classes that use it (float32 compute on AVX2, AMX tiles).
 HOST_ROWS_MAX_QUERY = 256
 
+#: cpu target, where bfloat16 prefills take the plugin's prefill kernel
+#: (:func:`~spyre_inference.attention.ops.host_prefill.kernel_serves`): a chunk
+#: takes it from this many rows, once its (query row, visible key) pairs,
+#: ``q_len * (context_len + q_len / 2)``, reach :data:`PLUGIN_PREFILL_MIN_PAIRS`
+#: (those of a 192-row first chunk). Measured in the engine (SmolLM2-135M,
+#: bfloat16, 512-token steps, 2-core AMD EPYC Zen 4), attention per prompt over
+#: its 30 layers, decode-kernel rows (fused with the KV store) vs the prefill
+#: kernel, ms: 128 tokens 7.9 vs 10.3, 192 17.7 vs 17.3, 256 25.4 vs 23.2, 384
+#: 65.8 vs 39.5, 512 132 vs 56, 1536 (three 512-token chunks) 892 vs 392.
+#: Shorter chunks after a long context gain sooner: the decode kernel's cost per
+#: (row, key) pair is about twice the prefill kernel's, which first packs the
+#: sequence's keys.
+PLUGIN_PREFILL_MIN_ROWS = 16
+PLUGIN_PREFILL_MIN_PAIRS = 192 * 96
 
-def host_rows_win(q_len: int) -> bool:
-    """Whether a prefill chunk of ``q_len`` rows runs on the decode kernel's rows
-    rather than the host flash kernel (cpu target; see :data:`HOST_ROWS_MAX_QUERY`;
-    the context length does not move the crossover measurably)."""
+
+def host_rows_win(q_len: int, context_len: int = 0, plugin_kernel: bool = False) -> bool:
+    """Whether a prefill chunk of ``q_len`` rows after ``context_len`` tokens runs on
+    the decode kernel's rows rather than the host prefill path (cpu target).
+
+    Against PyTorch's flash kernel the crossover is :data:`HOST_ROWS_MAX_QUERY`
+    rows whatever the context; against the plugin's prefill kernel
+    (``plugin_kernel``) it is lower and falls with the context
+    (:data:`PLUGIN_PREFILL_MIN_ROWS`, :data:`PLUGIN_PREFILL_MIN_PAIRS`).
+    """
+    if plugin_kernel:
+        pairs = q_len * (context_len + q_len / 2)
+        return q_len < PLUGIN_PREFILL_MIN_ROWS or pairs < PLUGIN_PREFILL_MIN_PAIRS
     return q_len < HOST_ROWS_MAX_QUERY
 
 

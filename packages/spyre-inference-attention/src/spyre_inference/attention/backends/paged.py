@@ -367,6 +367,7 @@ class PagedAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
         self.stats_dtype = policy.softmax_stats_dtype(kv_cache_spec.dtype)
         self.batched_decode = self.supports_batched_decode and policy.batched_decode_requested()
         self._host_capable: bool | None = None
+        self._plugin_prefill: bool | None = None
 
     def _group_impls(self) -> list[Any]:
         context = self.vllm_config.compilation_config.static_forward_context
@@ -401,6 +402,24 @@ class PagedAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
                 )
             )
         return self._host_capable
+
+    def plugin_prefill(self) -> bool:
+        """Whether the group's host prefills take the plugin's prefill kernel (cpu
+        target, bfloat16; see ``ops.host_prefill.kernel_serves``), which moves the
+        crossover with the decode kernel's rows (``policy.host_rows_win``)."""
+        if self._plugin_prefill is None:
+            impls = self._group_impls()
+            self._plugin_prefill = bool(impls) and all(
+                ops.host_prefill.kernel_serves(
+                    self.kv_cache_spec.dtype,
+                    placement.host_gemm_dtype(self.kv_cache_spec.dtype),
+                    impl.head_size,
+                    impl.num_heads,
+                    impl.num_kv_heads,
+                )
+                for impl in impls
+            )
+        return self._plugin_prefill
 
     def _group_windows(self) -> set[int | None]:
         """Sliding windows of this group's layers (None: full attention)."""
@@ -531,7 +550,7 @@ class PagedAttentionMetadataBuilder(AttentionMetadataBuilder[SpyreAttentionMetad
             elif on_host:
                 # cpu target: no graph for prefills. Short ones join the decode
                 # kernel's rows, longer ones take the flash kernel.
-                if policy.host_rows_win(q_len):
+                if policy.host_rows_win(q_len, seq_len - q_len, self.plugin_prefill()):
                     host_entries.append((q_start, q_len, seq_len, i))
                 else:
                     pages = block_table[i, : cdiv(seq_len, self.block_size)].to(torch.int64)

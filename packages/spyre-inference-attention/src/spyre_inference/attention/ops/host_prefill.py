@@ -146,14 +146,22 @@ def kernel_choice() -> str:
     return choice
 
 
-def _kernel_serves(
-    q: torch.Tensor, pages: torch.Tensor, compute: torch.dtype, num_kv_heads: int
+def kernel_serves(
+    cache_dtype: torch.dtype,
+    compute_dtype: torch.dtype | None,
+    head_size: int,
+    num_heads: int,
+    num_kv_heads: int,
 ) -> bool:
-    head_size, num_heads = q.shape[2], q.shape[1]
+    """Whether :func:`paged_prefill` takes the plugin's kernel for such a layer.
+
+    ``compute_dtype`` is what the flash path would compute in (None: the
+    cache's, see ``policy.use_flash``); the kernel's products are bf16, so
+    only bfloat16 caches computed in bfloat16, with whole 16-lane head chunks.
+    """
     return (
-        compute == torch.bfloat16
-        and pages.dtype == torch.bfloat16
-        and pages.stride(3) == 1
+        cache_dtype == torch.bfloat16
+        and (compute_dtype or cache_dtype) == torch.bfloat16
         and head_size % 16 == 0
         and num_heads % num_kv_heads == 0
         and kernel_choice() == "plugin"
@@ -295,7 +303,9 @@ def paged_prefill(
     num_kv_heads = pages.shape[2]
     seq_len = context_len + q_len
     compute = compute_dtype or pages.dtype
-    if _kernel_serves(q, pages, compute, num_kv_heads):
+    if pages.stride(3) == 1 and kernel_serves(
+        pages.dtype, compute, head_size, num_heads, num_kv_heads
+    ):
         _kernel_prefill(q, pages, block_ids, context_len, scale, out, sliding_window, sinks)
         return
     # One gather of the sequence's pages, then [1, KVH, tokens, K|V] views.
