@@ -249,19 +249,11 @@ def test_unsupported_features_fail_loudly(vllm_config):
 # ---- through vLLM's own Attention layer --------------------------------------
 
 
-@pytest.mark.parametrize("window", [None, 40], ids=["full", "window40"])
-def test_through_vllm_attention_layer(vllm_config, window):
-    """vLLM's Attention layer drives the backend: KV-update op, then attention op.
-
-    The layer resolves the enum member from ``get_name()``, binds the cache,
-    and reads metadata and slot mapping from the forward context, exactly as in
-    a model forward.
-    """
-    from vllm.forward_context import set_forward_context
+def _attention_layer(vllm_config, case: Case, name: str, window: int | None = None):
+    """A vLLM ``Attention`` layer on this backend with ``case``'s cache bound, and the
+    step's metadata from the builder (which reads the registered layer, as in a model)."""
     from vllm.model_executor.layers.attention import Attention
 
-    name = f"model.layers.{0 if window is None else 1}.self_attn.attn"
-    case = Case(*WORKLOADS["mixed"], sliding_window=window)
     with set_current_vllm_config(vllm_config):
         layer = Attention(
             num_heads=case.num_heads,
@@ -273,15 +265,15 @@ def test_through_vllm_attention_layer(vllm_config, window):
             prefix=name,
             attn_backend=SpyreAttentionBackend,
         )
-    assert layer.backend is AttentionBackendEnum.CUSTOM
-    assert isinstance(layer.impl, SpyreAttentionImpl)
-
     step = prepare(case, vllm_config.cache_config.block_size)
     layer.bind_kv_cache(step.kv_cache)
     builder = SpyreAttentionMetadataBuilder(step.spec, [name], vllm_config, torch.device("cpu"))
-    metadata = builder.build(0, step.common)
-    # The builder prepared the mask tiles of its layers' window up front.
-    assert window in metadata._masks
+    return layer, step, builder.build(0, step.common)
+
+
+def _forward(layer, name: str, metadata, step, vllm_config) -> torch.Tensor:
+    """The layer's forward under vLLM's forward context: ``[tokens, heads, head_size]``."""
+    from vllm.forward_context import set_forward_context
 
     tokens = step.query.shape[0]
     with set_forward_context(
@@ -292,8 +284,27 @@ def test_through_vllm_attention_layer(vllm_config, window):
             step.key.reshape(tokens, -1),
             step.value.reshape(tokens, -1),
         )
+    return out.view(tokens, step.case.num_heads, step.case.head_size)
+
+
+@pytest.mark.parametrize("window", [None, 40], ids=["full", "window40"])
+def test_through_vllm_attention_layer(vllm_config, window):
+    """vLLM's Attention layer drives the backend: KV-update op, then attention op.
+
+    The layer resolves the enum member from ``get_name()``, binds the cache,
+    and reads metadata and slot mapping from the forward context, exactly as in
+    a model forward.
+    """
+    name = f"model.layers.{0 if window is None else 1}.self_attn.attn"
+    case = Case(*WORKLOADS["mixed"], sliding_window=window)
+    layer, step, metadata = _attention_layer(vllm_config, case, name, window)
+    assert layer.backend is AttentionBackendEnum.CUSTOM
+    assert isinstance(layer.impl, SpyreAttentionImpl)
+    # The builder prepared the mask tiles of its layers' window up front.
+    assert window in metadata._masks
+
+    out = _forward(layer, name, metadata, step, vllm_config)
     n = step.num_actual_tokens
-    out = out.view(tokens, case.num_heads, case.head_size)
     torch.testing.assert_close(out[:n].double(), reference(step), **FP32_TOL)
 
 
@@ -302,9 +313,6 @@ def test_cpu_target_attends_rows_on_the_host_kernel(vllm_config, monkeypatch):
     in one call per layer; a 300-row chunk over 1600 cached tokens goes to the host
     flash kernel, unpadded and without a mask. No graph runs; the output equals plain
     PyTorch attention."""
-    from vllm.forward_context import set_forward_context
-    from vllm.model_executor.layers.attention import Attention
-
     from spyre_inference.attention import policy
     from spyre_inference.attention.ops import host_decode, host_prefill
 
@@ -315,20 +323,7 @@ def test_cpu_target_attends_rows_on_the_host_kernel(vllm_config, monkeypatch):
     ):
         pytest.skip("the host decode kernel is not used here")
     name = "model.layers.2.self_attn.attn"
-    with set_current_vllm_config(vllm_config):
-        layer = Attention(
-            num_heads=case.num_heads,
-            head_size=case.head_size,
-            scale=case.head_size**-0.5,
-            num_kv_heads=case.num_kv_heads,
-            cache_config=vllm_config.cache_config,
-            prefix=name,
-            attn_backend=SpyreAttentionBackend,
-        )
-    step = prepare(case, vllm_config.cache_config.block_size)
-    layer.bind_kv_cache(step.kv_cache)
-    builder = SpyreAttentionMetadataBuilder(step.spec, [name], vllm_config, torch.device("cpu"))
-    metadata = builder.build(0, step.common)
+    layer, step, metadata = _attention_layer(vllm_config, case, name)
 
     assert metadata.seqs == [] and metadata.decode is None
     block_size = vllm_config.cache_config.block_size
@@ -349,19 +344,10 @@ def test_cpu_target_attends_rows_on_the_host_kernel(vllm_config, monkeypatch):
     mask = metadata.host_mask(None)
     assert (mask[2, :1] == 0).all() and (mask[2, 1:] < -1e30).all()  # first prompt token
 
-    tokens = step.query.shape[0]
     calls = host_decode.calls(), host_prefill.calls()
-    with set_forward_context(
-        {name: metadata}, vllm_config, slot_mapping={name: step.common.slot_mapping}
-    ):
-        out = layer(
-            step.query.reshape(tokens, -1),
-            step.key.reshape(tokens, -1),
-            step.value.reshape(tokens, -1),
-        )
+    out = _forward(layer, name, metadata, step, vllm_config)
     assert (host_decode.calls(), host_prefill.calls()) == (calls[0] + 1, calls[1] + 1)
     n = step.num_actual_tokens
-    out = out.view(tokens, case.num_heads, case.head_size)
     torch.testing.assert_close(out[:n].double(), reference(step), **FP32_TOL)
     assert (out[n:] == 0).all()
 
@@ -371,9 +357,6 @@ def test_bf16_prefills_route_by_the_plugin_kernel_rule(vllm_config, monkeypatch)
     chunk and a 20-row chunk after 1000 tokens take it, a 128-row first chunk and a
     7-row one stay decode-kernel rows (``policy.host_rows_win``); the step's output
     is plain PyTorch attention within bf16 rounding."""
-    from vllm.forward_context import set_forward_context
-    from vllm.model_executor.layers.attention import Attention
-
     from spyre_inference.attention import policy
     from spyre_inference.attention.ops import host_prefill
 
@@ -385,38 +368,16 @@ def test_bf16_prefills_route_by_the_plugin_kernel_rule(vllm_config, monkeypatch)
     ):
         pytest.skip("the host kernels are not used here")
     name = "model.layers.3.self_attn.attn"
-    with set_current_vllm_config(vllm_config):
-        layer = Attention(
-            num_heads=case.num_heads,
-            head_size=case.head_size,
-            scale=case.head_size**-0.5,
-            num_kv_heads=case.num_kv_heads,
-            cache_config=vllm_config.cache_config,
-            prefix=name,
-            attn_backend=SpyreAttentionBackend,
-        )
-    step = prepare(case, vllm_config.cache_config.block_size)
-    layer.bind_kv_cache(step.kv_cache)
-    builder = SpyreAttentionMetadataBuilder(step.spec, [name], vllm_config, torch.device("cpu"))
-    metadata = builder.build(0, step.common)
+    layer, step, metadata = _attention_layer(vllm_config, case, name)
     routed = [(p.query_start, p.query_len, p.context_len) for p in metadata.host_prefills]
     assert routed == [(0, 192, 0), (320, 20, 1000)]
     assert metadata.host is not None
     assert metadata.host.rows.tolist() == [*range(192, 320), *range(340, 347), 347]
 
-    tokens = step.query.shape[0]
     calls = host_prefill.kernel_calls()
-    with set_forward_context(
-        {name: metadata}, vllm_config, slot_mapping={name: step.common.slot_mapping}
-    ):
-        out = layer(
-            step.query.reshape(tokens, -1),
-            step.key.reshape(tokens, -1),
-            step.value.reshape(tokens, -1),
-        )
+    out = _forward(layer, name, metadata, step, vllm_config)
     assert host_prefill.kernel_calls() == calls + 2
     n = step.num_actual_tokens
-    out = out.view(tokens, case.num_heads, case.head_size)
     torch.testing.assert_close(out[:n].double(), reference(step), **BF16_TOL)
     host_prefill.reset_for_tests()
 
