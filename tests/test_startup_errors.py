@@ -251,6 +251,7 @@ INVALID_SETTING_VALUES = {
     "SPYRE_CPU_INT8_VOCAB": "maybe",
     "SPYRE_CPU_ISA": "sse4",
     "SPYRE_CPU_ATTN_KERNEL": "avx2",
+    "SPYRE_CPU_PREFILL_KERNEL": "flash",
     "SPYRE_DEFAULT_MODEL_DIR": "{a_file}",
 }
 
