@@ -22,9 +22,7 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +43,10 @@ def log(msg: str) -> None:
 
 
 def _child(python: Path, env: dict[str, str], model: str, lengths: str, out: Path) -> dict:
-    cmd = [str(python), str(HERE / "sxs" / "ttft_child.py"), "--model", model,
-           "--lengths", lengths, "--out", str(out), "--text", *map(str, TEXT)]  # fmt: skip
-    t0 = time.monotonic()
-    log_path = out.with_suffix(".log")
-    with open(log_path, "w") as fh:
-        done = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
-    if done.returncode != 0:
-        tail = log_path.read_text(errors="replace")[-4000:]
-        raise SystemExit(f"{python} failed ({done.returncode}):\n{tail}")
-    log(f"{out.stem} done in {time.monotonic() - t0:.0f} s")
+    args = [str(HERE / "sxs" / "ttft_child.py"), "--model", model,
+            "--lengths", lengths, "--out", str(out), "--text", *map(str, TEXT)]  # fmt: skip
+    seconds = envs.run_child(python, args, env, out.with_suffix(".log"))
+    log(f"{out.stem} done in {seconds:.0f} s")
     return json.loads(out.read_text())
 
 

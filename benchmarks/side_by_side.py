@@ -31,7 +31,6 @@ import os
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +65,8 @@ def log(msg: str) -> None:
 
 
 def _run_child(python: Path, args: list[str], env: dict[str, str], log_path: Path) -> None:
-    t0 = time.monotonic()
-    with open(log_path, "w") as fh:
-        done = subprocess.run([str(python), *args], env=env, stdout=fh, stderr=subprocess.STDOUT)
-    log(f"{' '.join(args[:2])} finished in {time.monotonic() - t0:.0f} s (log {log_path})")
-    if done.returncode != 0:
-        tail = log_path.read_text(errors="replace")[-6000:]
-        raise SystemExit(f"child failed ({done.returncode}): {args}\n{tail}")
+    seconds = envs.run_child(python, args, env, log_path)
+    log(f"{' '.join(args[:2])} finished in {seconds:.0f} s (log {log_path})")
 
 
 def _machine() -> dict[str, Any]:

@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +82,18 @@ def _tmpdir(prefix: str) -> str:
 
 
 # ---- run environments ------------------------------------------------------
+
+
+def run_child(python: Path, args: list[str], env: dict[str, str], log_path: Path) -> float:
+    """Run ``python args`` with its output in ``log_path``; its seconds. A failure exits
+    the benchmark with the log's tail."""
+    t0 = time.monotonic()
+    with open(log_path, "w") as fh:
+        done = subprocess.run([str(python), *args], env=env, stdout=fh, stderr=subprocess.STDOUT)
+    if done.returncode != 0:
+        tail = log_path.read_text(errors="replace")[-6000:]
+        raise SystemExit(f"child failed ({done.returncode}): {args}\n{tail}")
+    return time.monotonic() - t0
 
 
 def default_model(plugin_python: Path, env: dict[str, str]) -> str:

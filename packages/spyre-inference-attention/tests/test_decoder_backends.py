@@ -113,10 +113,10 @@ def kernel_form(request, monkeypatch):
         with pytest.MonkeyPatch.context() as env:
             env.setenv("SPYRE_CPU_PREFILL_KERNEL", kernel)
             settings.reset_cache()
-            host_prefill.kernel_choice.cache_clear()
+            host_prefill.reset_for_tests()
             yield request.param
         settings.reset_cache()
-        host_prefill.kernel_choice.cache_clear()
+        host_prefill.reset_for_tests()
         return
     elif request.param == "cpu_tiled":
         monkeypatch.setattr(policy, "CPU_TILE_BYTES", 256 << 10)
