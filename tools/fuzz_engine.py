@@ -20,6 +20,14 @@ runner, the sampler path or the attention metadata, e.g.::
 
 (a few minutes on 2 cores; a tiny random Llama is built on the fly with a
 64-token step budget and a small KV cache, so chunking and preemption happen).
+
+``--dtype bfloat16 --budget 512`` reaches the cpu target's bfloat16 attention
+paths instead: prompts of up to ~450 tokens, some sharing a prefix (prefix
+caching gives chunks a context), so steps mix decode-kernel rows, the
+prefill-attention kernel's chunks and the graphs. Seeded requests are then not
+compared with their runs alone: in 16-bit a product's rounding may depend on
+how many rows share it (vLLM promises batch invariance in float32 only), so
+that check is float32's.
 """
 
 from __future__ import annotations
@@ -72,6 +80,18 @@ def _params(rng: random.Random) -> Any:
     return SamplingParams(**p)
 
 
+def _long_prompts(rng: random.Random, short: list[list[int]], vocab: int) -> list[list[int]]:
+    """Prompts of 150-450 tokens; each second one starts with an earlier one's first
+    256 tokens, so prefix caching hands its chunks a context."""
+    prompts: list[list[int]] = []
+    for i in range(8):
+        body = [rng.randrange(3, vocab) for _ in range(rng.randint(150, 450))]
+        if i % 2 and prompts:
+            body = prompts[-1][:256] + body[: rng.randint(8, 190)]
+        prompts.append(body)
+    return short + prompts
+
+
 def _run(engine: Any, requests: list[tuple[str, list[int], Any]], rng: random.Random | None):
     """Finished outputs by request id; ``rng`` staggers the arrivals (None: all at once)."""
     pending = list(requests)
@@ -93,11 +113,20 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="of the request generator")
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--model", help="a model folder (default: a tiny random Llama)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=STEP_BUDGET,
+        help="tokens per step (the one num_tokens bucket unless SPYRE_NUM_TOKENS_BUCKETS is set)",
+    )
     args = parser.parse_args()
+    long_prompts = args.budget > STEP_BUDGET
+    compare_alone = args.dtype == "float32"
 
     # In-process engine core (no engine subprocess), one num_tokens bucket.
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("SPYRE_NUM_TOKENS_BUCKETS", str(STEP_BUDGET))
+    os.environ.setdefault("SPYRE_NUM_TOKENS_BUCKETS", str(args.budget))
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
 
@@ -110,17 +139,20 @@ def main() -> int:
         engine = LLMEngine.from_engine_args(
             EngineArgs(
                 model=model,
-                dtype="float32",
+                dtype=args.dtype,
                 max_model_len=512,
                 max_num_seqs=4,
-                max_num_batched_tokens=STEP_BUDGET,
-                # 128-token blocks: 8 usable, too few for four long sequences.
-                num_gpu_blocks_override=9,
+                max_num_batched_tokens=args.budget,
+                # 128-token blocks: 8 usable, too few for four long sequences
+                # (16 with long prompts: two of them fill 8).
+                num_gpu_blocks_override=17 if long_prompts else 9,
             )
         )
         tokenizer = engine.get_tokenizer()
         prompts = [tokenizer.encode(p) for p in TEST_PROMPTS]
         rng = random.Random(args.seed)
+        if long_prompts:
+            prompts = _long_prompts(rng, prompts, engine.model_config.get_vocab_size())
         failures = 0
         for trial in range(args.trials):
             requests = [
@@ -133,7 +165,12 @@ def main() -> int:
                 print(f"trial {trial}: the engine raised on {requests}", file=sys.stderr)
                 raise
             for request_id, prompt, params in requests:
-                if params.seed is None or params.n != 1 or params.temperature == 0:
+                if (
+                    not compare_alone
+                    or params.seed is None
+                    or params.n != 1
+                    or params.temperature == 0
+                ):
                     continue
                 alone = _run(engine, [(f"{request_id}-alone", prompt, params)], None)
                 if alone[f"{request_id}-alone"] != outputs[request_id]:
@@ -145,6 +182,14 @@ def main() -> int:
                         file=sys.stderr,
                     )
             print(f"trial {trial}: {len(requests)} requests ok", flush=True)
+    from spyre_inference.attention.ops import host_decode, host_prefill
+
+    # Which attention paths the trials reached (in-process engine: these counters
+    # are the engine's): a run that never left the graphs fuzzed less than it says.
+    print(
+        f"host attention calls: decode kernel {host_decode.calls()}, prefill "
+        f"{host_prefill.calls()} (of which the plugin's kernel {host_prefill.kernel_calls()})"
+    )
     return 1 if failures else 0
 
 
