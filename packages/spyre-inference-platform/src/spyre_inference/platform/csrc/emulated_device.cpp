@@ -121,6 +121,9 @@ void check_device_dtype(c10::ScalarType dtype, const std::string& what) {
 bool on_device(const at::Tensor& t) { return t.defined() && t.device().type() == kDevice; }
 
 // A host tensor over the same bytes as a device tensor; keeps its storage alive.
+// Built directly (as device_view below), not with at::empty + set_: those are
+// dispatched ops, and the profiler would count the emulator's own plumbing
+// among the card path's eager device ops (two per operand of every op).
 at::Tensor host_view(const at::Tensor& t) {
   c10::Storage storage = t.storage();
   auto* keep = new c10::Storage(storage);
@@ -128,8 +131,9 @@ at::Tensor host_view(const at::Tensor& t) {
                     [](void* p) { delete static_cast<c10::Storage*>(p); }, c10::Device(c10::kCPU));
   c10::Storage host(c10::Storage::use_byte_size_t(), storage.nbytes(), std::move(data), nullptr,
                     /*resizable=*/false);
-  at::Tensor out = at::empty({0}, t.options().device(c10::kCPU));
-  out.set_(host, t.storage_offset(), t.sizes(), t.strides());
+  at::Tensor out = at::detail::make_tensor<c10::TensorImpl>(
+      std::move(host), c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   return out;
 }
 
