@@ -96,34 +96,38 @@ def _layer_check(model, scheme: str, quant_utils: str, checkpoint: str) -> dict[
         assert weight.is_contiguous(), name  # stored [in, out], not a view
         w = _checkpoint_weight(tensors, name, scheme, ref_utils)
         # Activations as the model passes them (bfloat16); the reference reads
-        # the same values in float32.
-        x = torch.randn(5, w.shape[0], generator=gen).to(torch.bfloat16).float()
-        got = layer.quant_method.apply(layer, x.to(torch.bfloat16)).float()
-        if scheme == "fp8_w8a16":
-            want = x @ w
-        else:
-            qdtype = torch.int8 if scheme.startswith("int8") else torch.float8_e4m3fn
-            xq, xs = ref_utils.ref_dynamic_per_token_quant(x, qdtype)
-            if scheme == "online_fp8":
-                xq, xs = ref_utils.ref_dynamic_per_tensor_fp8_quant(x)
-            if scheme == "fp8_w8a8":
-                # The FP8 activations come from vLLM's own QuantFP8 in the kernel;
-                # it and the test reference differ on rare ties (x / s vs x * 1/s):
-                # at most one FP8 code apart, on a handful of values. The product
-                # is then checked on the codes the kernel multiplies.
-                kq, ks = layer.scheme.fp8_linear.quant_fp8(x.to(torch.bfloat16), None, None)
-                assert torch.equal(ks.float(), xs.float()), name
-                differ = kq.float() != xq.float()
-                codes = (kq.view(torch.uint8).int() - xq.view(torch.uint8).int()).abs()
-                assert int(differ.sum()) <= differ.numel() // 200 and int(codes.max()) <= 1, name
-                xq, xs = kq, ks
-            want = (xq.float() * xs.float()) @ w
-        # vLLM's tolerance for a bfloat16 scaled-mm output against its dequantized
-        # baseline (tests/kernels/quantization/test_cutlass_scaled_mm.py):
-        # |got - want| <= atol + rtol * |want| with rtol 1e-2, atol 1e-3. The
-        # figure is the worst ratio of the error to that bound (<= 1 passes).
-        error = float(((got - want).abs() / (1e-3 + 1e-2 * want.abs())).max())
-        worst[kind] = max(worst.get(kind, 0.0), error)
+        # the same values in float32. INT8 also at two rows (a decode step of two
+        # sequences: the plugin's few-rows kernel); five rows run oneDNN.
+        for rows in (2, 5) if scheme == "int8_w8a8" else (5,):
+            x = torch.randn(rows, w.shape[0], generator=gen).to(torch.bfloat16).float()
+            got = layer.quant_method.apply(layer, x.to(torch.bfloat16)).float()
+            if scheme == "fp8_w8a16":
+                want = x @ w
+            else:
+                qdtype = torch.int8 if scheme.startswith("int8") else torch.float8_e4m3fn
+                xq, xs = ref_utils.ref_dynamic_per_token_quant(x, qdtype)
+                if scheme == "online_fp8":
+                    xq, xs = ref_utils.ref_dynamic_per_tensor_fp8_quant(x)
+                if scheme == "fp8_w8a8":
+                    # The FP8 activations come from vLLM's own QuantFP8 in the kernel;
+                    # it and the test reference differ on rare ties (x / s vs x * 1/s):
+                    # at most one FP8 code apart, on a handful of values. The product
+                    # is then checked on the codes the kernel multiplies.
+                    kq, ks = layer.scheme.fp8_linear.quant_fp8(x.to(torch.bfloat16), None, None)
+                    assert torch.equal(ks.float(), xs.float()), name
+                    differ = kq.float() != xq.float()
+                    codes = (kq.view(torch.uint8).int() - xq.view(torch.uint8).int()).abs()
+                    assert int(differ.sum()) <= differ.numel() // 200 and int(codes.max()) <= 1, (
+                        name
+                    )
+                    xq, xs = kq, ks
+                want = (xq.float() * xs.float()) @ w
+            # vLLM's tolerance for a bfloat16 scaled-mm output against its dequantized
+            # baseline (tests/kernels/quantization/test_cutlass_scaled_mm.py):
+            # |got - want| <= atol + rtol * |want| with rtol 1e-2, atol 1e-3. The
+            # figure is the worst ratio of the error to that bound (<= 1 passes).
+            error = float(((got - want).abs() / (1e-3 + 1e-2 * want.abs())).max())
+            worst[kind] = max(worst.get(kind, 0.0), error)
     return worst
 
 

@@ -10,7 +10,7 @@ does per block), in the spec's ``[in, out]`` layout (``[hidden, vocab]``, rows
 padded to the LM head's 64x32 alignment):
 
 * the LM head (:class:`SpyreInt8LMHeadMethod`) quantizes each token's hidden
-  state per token and computes ``torch._int_mm`` (oneDNN's INT8 GEMM, int32
+  state per token and computes the exact INT8 product (``host_int8.int8_mm``, int32
   accumulation), then applies both scales in float32: float32 logits;
 * the input embedding (:class:`SpyreInt8EmbeddingMethod`) gathers the token's
   column and scales it back to the model dtype.
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch.nn import Parameter
 from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
+from spyre_inference.ops.host_int8 import int8_mm
 from spyre_inference.ops.quantized_linear import INT8_MAX, quantize_per_token
 from spyre_inference.ops.unused_stage import is_unused_stage
 from spyre_inference.platform import settings
@@ -134,7 +135,7 @@ def int8_logits(
     scale = getattr(layer, SCALE_PARAM)
     x2 = x.reshape(-1, x.shape[-1])
     xq, x_scale = quantize_per_token(x2, INT8_MAX, torch.int8)
-    acc = torch._int_mm(xq, weight_t)
+    acc = int8_mm(xq, weight_t)
     out = acc.to(torch.float32) * x_scale * scale
     rows = layer.spyre_vocab_rows
     if rows != out.shape[-1]:

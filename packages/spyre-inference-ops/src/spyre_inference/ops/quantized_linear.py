@@ -24,8 +24,9 @@ target:
   scales, ``ChannelWiseTorchFP8ScaledMMLinearKernel``);
 * FP8 W8A16: the activation stays in the model dtype; the weight is widened to
   it and scaled per channel inside the product;
-* INT8 W8A8 (symmetric): ``torch._int_mm`` (int8 x int8 -> int32, oneDNN) and
-  the two scales in float32.
+* INT8 W8A8 (symmetric): the exact int8 x int8 -> int32 product
+  (:func:`~spyre_inference.ops.host_int8.int8_mm`: the plugin's kernel for a
+  few rows, ``torch._int_mm`` / oneDNN for more) and the two scales in float32.
 
 Measured at one row on an AMD EPYC (Zen 4, 2 threads), SmolLM2's shapes: a
 bfloat16 GEMM 58-103 us, ``torch._int_mm`` 24-39 us, ``torch._scaled_mm`` on
@@ -52,6 +53,7 @@ from vllm.model_executor.layers.quantization.utils.w8a8_utils import convert_to_
 from vllm.model_executor.utils import replace_parameter
 from vllm.platforms import PlatformEnum, current_platform
 
+from spyre_inference.ops.host_int8 import int8_mm
 from spyre_inference.platform import device as placement
 from spyre_inference.platform.logs import get_logger
 
@@ -244,7 +246,7 @@ class SpyreInt8ScaledMMKernel(Int8ScaledMMLinearKernel):
         else:
             x_scale = i_scale.reshape(1, 1)
             xq = (x2.float() / x_scale).round().clamp(-INT8_MAX - 1, INT8_MAX).to(torch.int8)
-        acc = torch._int_mm(xq, weight)
+        acc = int8_mm(xq, weight)
         out = acc.float() * x_scale * w_scale
         if bias is not None:
             out = out + bias.float()

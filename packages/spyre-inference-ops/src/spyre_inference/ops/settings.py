@@ -31,7 +31,9 @@ SETTINGS: tuple[Setting, ...] = (
         "SPYRE_CPU_GEMM_DTYPE): how. `auto` uses the plugin's AVX2 kernel, which reads the "
         "16-bit `[in, out]` weights directly (built once with the system C compiler into "
         "`~/.cache/spyre-inference/kernels`), when the CPU has AVX2/FMA/F16C and a compiler "
-        "exists, else float32 weight copies and torch's GEMM; `torch` always uses the copies.",
+        "exists, else float32 weight copies and torch's GEMM; `torch` always uses the copies. "
+        "The same switch governs INT8 W8A8 products of up to 4 rows (decode steps): `auto` "
+        "runs the plugin's INT8 kernel (exact, equal to `torch._int_mm`), `torch` oneDNN's.",
         choices=("auto", "torch"),
     ),
     Setting(

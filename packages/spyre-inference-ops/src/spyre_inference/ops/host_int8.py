@@ -1,0 +1,154 @@
+"""The cpu target's INT8 x INT8 -> INT32 product for INT8 W8A8 weights stored ``[in, out]``.
+
+:class:`~spyre_inference.ops.quantized_linear.SpyreInt8ScaledMMKernel` quantizes
+the activations per token and needs ``x_q @ w_q`` exactly, in int32.
+``torch._int_mm`` (oneDNN) does that, but on the plain ``[in, out]`` weight it
+ran a decode step's products far below the memory's pace (one row, SmolLM2's
+120 products on a 2-core Zen 4: 10.7 ms, against 6.5 ms for the 16-bit host
+GEMM reading twice the bytes), so INT8 decoded slower than bfloat16. For a few
+rows (decode steps of a few sequences) this module's kernel
+(``csrc/host_int8_mm.c``, AVX2 and AVX-512 builds chosen per CPU by
+:func:`spyre_inference.platform.native_build.select_isa`) streams the 8-bit
+weight of record; the result equals ``torch._int_mm``'s bit for bit (integer
+sums), so the choice never changes a token. More rows, or a host where the
+kernel cannot be built or ``SPYRE_CPU_GEMM_KERNEL=torch``, use
+``torch._int_mm``.
+
+The op ``torch.ops.spyre_inference.int8_mm(x, weight_t)`` is what the block
+graphs call (one opaque node per linear, like the 16-bit linear ops).
+INT8 is a cpu-target format (the card has no integer compute), so nothing here
+runs on the card path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from spyre_inference.ops.linear_op import OP_NAMESPACE, register_linear_op
+from spyre_inference.platform import settings
+from spyre_inference.platform.logs import get_logger
+from spyre_inference.platform.native_build import NativeKernelUnavailable, load_kernel
+
+logger = get_logger(__name__)
+
+OP_NAME = "int8_mm"
+QUALNAME = f"{OP_NAMESPACE}::{OP_NAME}"
+
+_SOURCE = Path(__file__).with_name("csrc") / "host_int8_mm.c"
+
+#: Instruction sets ``csrc/host_int8_mm.c`` has builds for (bit-identical results).
+ISAS = ("avx512", "avx2")
+
+#: Rows the kernel takes (its few-rows path; more rows are compute, not memory,
+#: bound and go to oneDNN).
+HOST_ROWS_MAX = 4
+
+#: int32 sums of int8 products are exact while |sum| <= 128 * 128 * K fits.
+_MAX_K = (2**31 - 1) // (128 * 128)
+
+
+@functools.cache
+def _library_or_error() -> ctypes.CDLL | str:
+    """The loaded kernel, or why it cannot be had (tried once per process)."""
+    try:
+        lib, isa = load_kernel(_SOURCE, ISAS)
+    except (NativeKernelUnavailable, OSError) as exc:
+        logger.info("cpu target: INT8 host kernel unavailable (%s); using torch._int_mm", exc)
+        return str(exc)
+    lib.spyre_int8_mm_isa.restype = ctypes.c_int
+    if lib.spyre_int8_mm_isa() != {"avx512": 512, "avx2": 256}[isa]:
+        return f"{lib._name} is not the {isa} build"
+    fn = lib.spyre_int8_mm
+    fn.restype = ctypes.c_int
+    L, P = ctypes.c_long, ctypes.c_void_p
+    fn.argtypes = [P, L, L, L, P, L, L, P, L, ctypes.c_int]  # x M K ldx, w N ldw, y ldy, threads
+    lib.spyre_isa = isa
+    logger.info("cpu target: INT8 host kernel, %s build, loaded from %s", isa, lib._name)
+    return lib
+
+
+def reset_for_tests() -> None:
+    """Forget the loaded build (tests that force ``SPYRE_CPU_ISA``)."""
+    _library_or_error.cache_clear()
+
+
+def kernel_unavailable_reason() -> str | None:
+    """None when the host kernel serves few-row products here, else why not."""
+    if settings.get("SPYRE_CPU_GEMM_KERNEL") == "torch":
+        return "SPYRE_CPU_GEMM_KERNEL=torch"
+    lib = _library_or_error()
+    return lib if isinstance(lib, str) else None
+
+
+def kernel_isa() -> str | None:
+    """The instruction set of the loaded build, or None when it is unavailable."""
+    lib = _library_or_error()
+    return None if isinstance(lib, str) else lib.spyre_isa
+
+
+def serves(rows: int, in_features: int) -> bool:
+    """Whether a product of ``rows`` rows with ``in_features`` runs on the host kernel."""
+    return (
+        0 < rows <= HOST_ROWS_MAX and in_features <= _MAX_K and kernel_unavailable_reason() is None
+    )
+
+
+def _int8_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    if x.dtype != torch.int8 or weight_t.dtype != torch.int8 or weight_t.dim() != 2:
+        raise ValueError(
+            f"int8_mm takes int8 x and a 2-D int8 weight, got {x.dtype} and {weight_t.dtype} "
+            f"{tuple(weight_t.shape)}"
+        )
+    k, n = weight_t.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"int8_mm: x has {x.shape[-1]} features, the weight {k} rows")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    m = x2.shape[0]
+    if not serves(m, k) or n == 0:
+        return torch._int_mm(x2, weight_t).view(*lead, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if weight_t.stride(1) != 1:
+        weight_t = weight_t.contiguous()
+    y = torch.empty((m, n), dtype=torch.int32)
+    lib = _library_or_error()
+    assert not isinstance(lib, str)
+    failed = lib.spyre_int8_mm(
+        x2.data_ptr(),
+        m,
+        k,
+        x2.stride(0),
+        weight_t.data_ptr(),
+        n,
+        weight_t.stride(0),
+        y.data_ptr(),
+        n,
+        torch.get_num_threads(),
+    )
+    if failed:
+        raise MemoryError(f"INT8 host kernel [{m}, {k}] x [{k}, {n}]: no memory for its scratch")
+    return y.view(*lead, n)
+
+
+_LIB = register_linear_op(OP_NAME, _int8_mm, lambda weight_t: torch.int32)
+
+
+def int8_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """``x @ weight_t`` in int32 for int8 ``x`` and an int8 ``[in, out]`` weight (exact)."""
+    return torch.ops.spyre_inference.int8_mm.default(x, weight_t)
+
+
+__all__ = [
+    "HOST_ROWS_MAX",
+    "QUALNAME",
+    "int8_mm",
+    "kernel_isa",
+    "kernel_unavailable_reason",
+    "reset_for_tests",
+    "serves",
+]

@@ -1,0 +1,127 @@
+"""The cpu target's INT8 x INT8 -> INT32 product against integer matmul and ``torch._int_mm``.
+
+``host_int8.int8_mm`` runs the plugin's kernel (``csrc/host_int8_mm.c``) for a
+few rows and ``torch._int_mm`` for more. Integer sums are exact, so every check
+here is bitwise: against PyTorch's int64 matmul of the same values, and against
+``torch._int_mm`` itself, on both builds forced with ``SPYRE_CPU_ISA`` and with
+the kernel switched off (``SPYRE_CPU_GEMM_KERNEL=torch``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spyre_inference.ops import host_int8
+from spyre_inference.platform import device as dev
+
+_REASON = host_int8.kernel_unavailable_reason()
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"INT8 host kernel: {_REASON}")
+
+# Rows 1-4 (the kernel) and 5-9 (oneDNN); K with remainders of the 4-row groups
+# and of the threads' shares, one below 64 (a single thread); N with 16- and
+# 8-column vectors and scalar tails; SmolLM2's shapes.
+_SHAPES = [
+    (m, k, n)
+    for m in (1, 2, 3, 4, 5, 9)
+    for (k, n) in ((576, 960), (1536, 576), (577, 963), (130, 17), (33, 8), (3, 130), (64, 4200))
+]
+
+
+def _inputs(m: int, k: int, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (k, n), dtype=torch.int8, generator=g)
+    return x, w
+
+
+def _exact(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x.long() @ w.long()).int()
+
+
+@pytest.fixture
+def forced(monkeypatch):
+    """Set a setting and reload the kernel's choice; undone after the test."""
+
+    def force(name: str, value: str) -> None:
+        monkeypatch.setenv(name, value)
+        dev.reset_for_tests()
+        host_int8.reset_for_tests()
+
+    yield force
+    monkeypatch.undo()
+    dev.reset_for_tests()
+    host_int8.reset_for_tests()
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+def test_each_build_equals_integer_matmul_and_int_mm(forced, isa):
+    from spyre_inference.platform.native_build import AVX512_CPU_FLAGS, cpu_flags
+
+    if isa == "avx512" and not set(AVX512_CPU_FLAGS) <= cpu_flags():
+        pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ")
+    forced("SPYRE_CPU_ISA", isa)
+    assert host_int8.kernel_isa() == isa
+    for i, (m, k, n) in enumerate(_SHAPES):
+        x, w = _inputs(m, k, n, seed=i)
+        assert host_int8.serves(m, k) == (m <= host_int8.HOST_ROWS_MAX)
+        y = host_int8.int8_mm(x, w)
+        assert y.dtype == torch.int32
+        assert torch.equal(y, _exact(x, w)), (m, k, n)
+        if k >= 16:  # oneDNN's lower bound on K here
+            assert torch.equal(y, torch._int_mm(x, w)), (m, k, n)
+
+
+def test_switched_off_it_is_int_mm(forced):
+    forced("SPYRE_CPU_GEMM_KERNEL", "torch")
+    assert host_int8.kernel_unavailable_reason() == "SPYRE_CPU_GEMM_KERNEL=torch"
+    assert not host_int8.serves(1, 576)
+    x, w = _inputs(1, 576, 960, seed=7)
+    assert torch.equal(host_int8.int8_mm(x, w), _exact(x, w))
+
+
+def test_extremes_do_not_overflow_int16_pairs():
+    """-128 * -128 twice is 32768, one past int16: the kernel's pairs of products
+    must be summed in int32 (vpmaddwd), never saturated."""
+    x = torch.full((2, 1536), -128, dtype=torch.int8)
+    w = torch.full((1536, 40), -128, dtype=torch.int8)
+    w[::2, ::3] = 127
+    assert torch.equal(host_int8.int8_mm(x, w), _exact(x, w))
+
+
+def test_rows_do_not_depend_on_threads_or_leading_dims():
+    x, w = _inputs(3, 700, 300, seed=11)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = host_int8.int8_mm(x, w)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, host_int8.int8_mm(x, w))
+    assert torch.equal(host_int8.int8_mm(x.view(3, 1, 700), w).view(3, 300), one)
+    # A column slice of a wider weight (row stride != columns).
+    wide = _inputs(1, 700, 500, seed=12)[1]
+    assert torch.equal(host_int8.int8_mm(x, wide[:, 100:400]), _exact(x, wide[:, 100:400]))
+
+
+def test_inside_a_compiled_graph():
+    """One opaque node in an Inductor graph with the quantization around it, as
+    in the block graphs of an INT8 W8A8 checkpoint."""
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        scale = x.abs().amax(-1, keepdim=True) / 127
+        xq = (x / scale).round().clamp(-128, 127).to(torch.int8)
+        return host_int8.int8_mm(xq, w).float() * scale
+
+    x = torch.randn(2, 256)
+    w = _inputs(1, 256, 96, seed=3)[1]
+    compiled = torch.compile(f, backend="inductor", fullgraph=True, dynamic=False)
+    assert torch.equal(compiled(x, w), f(x, w))
+
+
+def test_bad_arguments_are_errors():
+    x, w = _inputs(2, 16, 8, seed=0)
+    with pytest.raises(ValueError, match="int8"):
+        host_int8.int8_mm(x.float(), w)
+    with pytest.raises(ValueError, match="features"):
+        host_int8.int8_mm(x[:, :15], w)
