@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from spyre_inference.ops.linear_op import OP_NAMESPACE, register_linear_op
+from spyre_inference.ops.linear_op import OP_NAMESPACE, as_rows, register_linear_op
 from spyre_inference.platform import settings
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.native_build import (
@@ -140,11 +140,8 @@ def _host_gemm_w16(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
             f"host_gemm_w16 takes a 2-D bfloat16/float16 weight, got {weight_t.dtype} "
             f"{tuple(weight_t.shape)}"
         )
-    k, n = weight_t.shape
-    if x.shape[-1] != k:
-        raise ValueError(f"host_gemm_w16: x has {x.shape[-1]} features, the weight {k} rows")
-    lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
+    x2, n = as_rows(OP_NAME, x, weight_t)
+    k = x2.shape[1]
     if x2.dtype != torch.float32 or x2.stride(-1) != 1:
         x2 = x2.to(torch.float32).contiguous()
     if weight_t.stride(1) != 1:
@@ -167,7 +164,7 @@ def _host_gemm_w16(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
         )
         if failed:
             raise MemoryError(f"host GEMM [{m}, {k}] x [{k}, {n}]: no memory for its scratch")
-    return y.view(*lead, n)
+    return y.view(*x.shape[:-1], n)
 
 
 # The product is float32 whatever the weight's 16-bit dtype.

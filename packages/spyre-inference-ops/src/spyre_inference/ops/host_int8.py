@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from spyre_inference.ops.linear_op import OP_NAMESPACE, register_linear_op
+from spyre_inference.ops.linear_op import OP_NAMESPACE, as_rows, register_linear_op
 from spyre_inference.platform import settings
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.native_build import NativeKernelUnavailable, load_kernel
@@ -72,12 +72,16 @@ def _library_or_error() -> ctypes.CDLL | str:
 
 
 def reset_for_tests() -> None:
-    """Forget the loaded build (tests that force ``SPYRE_CPU_ISA``)."""
+    """Forget the loaded build and the choice (tests that force ``SPYRE_CPU_ISA`` or
+    ``SPYRE_CPU_GEMM_KERNEL``)."""
     _library_or_error.cache_clear()
+    kernel_unavailable_reason.cache_clear()
 
 
+@functools.cache
 def kernel_unavailable_reason() -> str | None:
-    """None when the host kernel serves few-row products here, else why not."""
+    """None when the host kernel serves few-row products here, else why not (decided
+    once per process: every INT8 linear asks, ~120 times per decode step)."""
     if settings.get("SPYRE_CPU_GEMM_KERNEL") == "torch":
         return "SPYRE_CPU_GEMM_KERNEL=torch"
     lib = _library_or_error()
@@ -103,12 +107,9 @@ def _int8_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
             f"int8_mm takes int8 x and a 2-D int8 weight, got {x.dtype} and {weight_t.dtype} "
             f"{tuple(weight_t.shape)}"
         )
-    k, n = weight_t.shape
-    if x.shape[-1] != k:
-        raise ValueError(f"int8_mm: x has {x.shape[-1]} features, the weight {k} rows")
+    x2, n = as_rows(OP_NAME, x, weight_t)
+    m, k = x2.shape
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, k)
-    m = x2.shape[0]
     if not serves(m, k) or n == 0:
         return torch._int_mm(x2, weight_t).view(*lead, n)
     if x2.stride(-1) != 1:

@@ -43,4 +43,16 @@ def register_linear_op(
     return lib
 
 
-__all__ = ["OP_NAMESPACE", "register_linear_op"]
+def as_rows(name: str, x: torch.Tensor, weight_t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``x`` as ``[rows, in]`` for a product with the ``[in, out]`` weight, and ``out``.
+
+    The Python linear ops' shared argument check: ``x``'s last dimension must be
+    the weight's rows; the result is reshaped back with ``x.shape[:-1]``.
+    """
+    k, n = weight_t.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"{name}: x has {x.shape[-1]} features, the weight {k} rows")
+    return x.reshape(-1, k), n
+
+
+__all__ = ["OP_NAMESPACE", "as_rows", "register_linear_op"]
