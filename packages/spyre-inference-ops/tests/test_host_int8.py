@@ -1,10 +1,12 @@
 """The cpu target's INT8 x INT8 -> INT32 product against integer matmul and ``torch._int_mm``.
 
 ``host_int8.int8_mm`` runs the plugin's kernel (``csrc/host_int8_mm.c``) for a
-few rows and ``torch._int_mm`` for more. Integer sums are exact, so every check
-here is bitwise: against PyTorch's int64 matmul of the same values, and against
-``torch._int_mm`` itself, on both builds forced with ``SPYRE_CPU_ISA`` and with
-the kernel switched off (``SPYRE_CPU_GEMM_KERNEL=torch``).
+few rows and ``torch._int_mm`` for more, called from the op's C++ kernel
+(``csrc/linear_dispatch.cpp``) or, without a C++ toolchain, from Python. Integer
+sums are exact, so every check here is bitwise: against PyTorch's int64 matmul
+of the same values, and against ``torch._int_mm`` itself, on both builds forced
+with ``SPYRE_CPU_ISA``, through both op kernels, and with the kernel switched
+off (``SPYRE_CPU_GEMM_KERNEL=torch``).
 """
 
 from __future__ import annotations
@@ -54,30 +56,54 @@ def forced(monkeypatch):
     host_int8.reset_for_tests()
 
 
+def _op_kernel(which: str):
+    """The op as the block graphs call it (its C++ kernel where it is built), or its
+    Python kernel."""
+    if which == "python":
+        return host_int8.int8_mm_in_python
+    if host_int8.dispatch() != "native":
+        pytest.skip("no C++ toolchain: the op's kernel is the Python one")
+    return host_int8.int8_mm
+
+
+def test_the_op_runs_its_cpp_kernel_where_it_is_built():
+    """The dispatcher picks the C++ kernel over the composite Python one."""
+    from spyre_inference.ops.linear_op import native_kernels_unavailable_reason
+
+    reason = native_kernels_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    assert host_int8.dispatch() == "native"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(host_int8.QUALNAME, "CPU")
+
+
+@pytest.mark.parametrize("which", ["native", "python"])
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
-def test_each_build_equals_integer_matmul_and_int_mm(forced, isa):
+def test_each_build_equals_integer_matmul_and_int_mm(forced, isa, which):
     from spyre_inference.platform.native_build import AVX512_CPU_FLAGS, cpu_flags
 
     if isa == "avx512" and not set(AVX512_CPU_FLAGS) <= cpu_flags():
         pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ")
     forced("SPYRE_CPU_ISA", isa)
     assert host_int8.kernel_isa() == isa
+    mm = _op_kernel(which)
     for i, (m, k, n) in enumerate(_SHAPES):
         x, w = _inputs(m, k, n, seed=i)
         assert host_int8.serves(m, k) == (m <= host_int8.HOST_ROWS_MAX)
-        y = host_int8.int8_mm(x, w)
+        y = mm(x, w)
         assert y.dtype == torch.int32
         assert torch.equal(y, _exact(x, w)), (m, k, n)
         if k >= 16:  # oneDNN's lower bound on K here
             assert torch.equal(y, torch._int_mm(x, w)), (m, k, n)
 
 
-def test_switched_off_it_is_int_mm(forced):
+@pytest.mark.parametrize("which", ["native", "python"])
+def test_switched_off_it_is_int_mm(forced, which):
     forced("SPYRE_CPU_GEMM_KERNEL", "torch")
     assert host_int8.kernel_unavailable_reason() == "SPYRE_CPU_GEMM_KERNEL=torch"
     assert not host_int8.serves(1, 576)
     x, w = _inputs(1, 576, 960, seed=7)
-    assert torch.equal(host_int8.int8_mm(x, w), _exact(x, w))
+    assert torch.equal(_op_kernel(which)(x, w), _exact(x, w))
 
 
 def test_extremes_do_not_overflow_int16_pairs():
@@ -119,9 +145,11 @@ def test_inside_a_compiled_graph():
     assert torch.equal(compiled(x, w), f(x, w))
 
 
-def test_bad_arguments_are_errors():
+@pytest.mark.parametrize("which", ["native", "python"])
+def test_bad_arguments_are_errors(which):
+    mm = _op_kernel(which)
     x, w = _inputs(2, 16, 8, seed=0)
     with pytest.raises(ValueError, match="int8"):
-        host_int8.int8_mm(x.float(), w)
+        mm(x.float(), w)
     with pytest.raises(ValueError, match="features"):
-        host_int8.int8_mm(x[:, :15], w)
+        mm(x[:, :15], w)

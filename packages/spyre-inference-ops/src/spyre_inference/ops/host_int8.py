@@ -15,7 +15,13 @@ kernel cannot be built or ``SPYRE_CPU_GEMM_KERNEL=torch``, use
 ``torch._int_mm``.
 
 The op ``torch.ops.spyre_inference.int8_mm(x, weight_t)`` is what the block
-graphs call (one opaque node per linear, like the 16-bit linear ops).
+graphs call (one opaque node per linear, like the 16-bit linear ops). Its CPU
+kernel is C++ (``csrc/linear_dispatch.cpp``, with the oneDNN linear op's) where
+a C++ toolchain exists, so a call goes dispatcher -> C++ -> the host kernel
+without the interpreter or ctypes: from Python the argument checks and the
+ctypes call cost more than the product itself at one row (~120 calls per decode
+step). :func:`dispatch` points it at the loaded host kernel when INT8 weights
+load. Without a toolchain :func:`int8_mm_in_python` (the same contract) serves.
 INT8 is a cpu-target format (the card has no integer compute), so nothing here
 runs on the card path.
 """
@@ -28,7 +34,12 @@ from pathlib import Path
 
 import torch
 
-from spyre_inference.ops.linear_op import OP_NAMESPACE, as_rows, register_linear_op
+from spyre_inference.ops.linear_op import (
+    OP_NAMESPACE,
+    as_rows,
+    native_kernels_unavailable_reason,
+    register_linear_op,
+)
 from spyre_inference.platform import settings
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.native_build import NativeKernelUnavailable, load_kernel
@@ -72,10 +83,12 @@ def _library_or_error() -> ctypes.CDLL | str:
 
 
 def reset_for_tests() -> None:
-    """Forget the loaded build and the choice (tests that force ``SPYRE_CPU_ISA`` or
-    ``SPYRE_CPU_GEMM_KERNEL``)."""
+    """Decide the build and the choice again (tests that force ``SPYRE_CPU_ISA`` or
+    ``SPYRE_CPU_GEMM_KERNEL``): the op's C++ kernel follows at once."""
     _library_or_error.cache_clear()
     kernel_unavailable_reason.cache_clear()
+    dispatch.cache_clear()
+    dispatch()
 
 
 @functools.cache
@@ -101,7 +114,8 @@ def serves(rows: int, in_features: int) -> bool:
     )
 
 
-def _int8_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+def int8_mm_in_python(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
+    """The op's kernel where its C++ kernel cannot be built (the same results)."""
     if x.dtype != torch.int8 or weight_t.dtype != torch.int8 or weight_t.dim() != 2:
         raise ValueError(
             f"int8_mm takes int8 x and a 2-D int8 weight, got {x.dtype} and {weight_t.dtype} "
@@ -136,7 +150,33 @@ def _int8_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     return y.view(*lead, n)
 
 
-_LIB = register_linear_op(OP_NAME, _int8_mm, lambda weight_t: torch.int32)
+_LIB = register_linear_op(OP_NAME, None, lambda weight_t: torch.int32)
+# The Python kernel is the composite one: a CPU kernel, once the C++ library is
+# loaded, takes precedence over it in the dispatcher, whatever the order of the
+# two registrations; until then (or without a toolchain) this one serves.
+_LIB.impl(OP_NAME, int8_mm_in_python, "CompositeExplicitAutograd")
+
+
+@functools.cache
+def dispatch() -> str:
+    """Which kernel serves the op on the CPU: ``native`` (C++) or ``python``.
+
+    Decided once per process when INT8 weights load (and again by
+    :func:`reset_for_tests`); the C++ kernel is given the host kernel's address,
+    or none (``torch._int_mm`` for every product) when :func:`kernel_unavailable_reason`
+    says why not.
+    """
+    reason = native_kernels_unavailable_reason()
+    if reason is not None:
+        logger.info("cpu target: INT8 linear op in Python (%s)", reason)
+        return "python"
+    address = 0
+    if kernel_unavailable_reason() is None:
+        lib = _library_or_error()
+        assert not isinstance(lib, str)
+        address = ctypes.cast(lib.spyre_int8_mm, ctypes.c_void_p).value or 0
+    torch.ops.spyre_inference_native.set_host_int8(address, HOST_ROWS_MAX, _MAX_K)
+    return "native"
 
 
 def int8_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
@@ -147,7 +187,9 @@ def int8_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "HOST_ROWS_MAX",
     "QUALNAME",
+    "dispatch",
     "int8_mm",
+    "int8_mm_in_python",
     "kernel_isa",
     "kernel_unavailable_reason",
     "reset_for_tests",

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch.nn import Parameter
 from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
 
+from spyre_inference.ops import host_int8
 from spyre_inference.ops.host_int8 import int8_mm
 from spyre_inference.ops.quantized_linear import INT8_MAX, quantize_per_token
 from spyre_inference.ops.unused_stage import is_unused_stage
@@ -96,6 +97,7 @@ def int8_vocab(weight: Parameter) -> Int8Vocab:
     """
     table = getattr(weight, TABLE_ATTR, None)
     if table is None:
+        host_int8.dispatch()
         q_t, scale = quantize_vocab(weight.data)
         table = Int8Vocab(
             Parameter(q_t, requires_grad=False),

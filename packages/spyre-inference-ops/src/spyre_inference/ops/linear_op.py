@@ -1,22 +1,33 @@
 """Registration of the cpu target's linear ops: ``spyre_inference::<name>(x, weight_t)``.
 
-The host GEMM (:mod:`~spyre_inference.ops.host_gemm`) and oneDNN on prepacked
-weights (:mod:`~spyre_inference.ops.onednn_linear`) are opaque ops the block
-graphs call with the ``[in, out]`` weight of record. Both are registered here,
+The host GEMM (:mod:`~spyre_inference.ops.host_gemm`), oneDNN on prepacked
+weights (:mod:`~spyre_inference.ops.onednn_linear`) and the INT8 product
+(:mod:`~spyre_inference.ops.host_int8`) are opaque ops the block graphs call
+with the ``[in, out]`` weight of record. They are registered here,
 through ``torch.library.Library`` rather than ``torch.library.custom_op``: the
 ops run ~120 times per decode step (every linear of every layer), and
 custom_op's Python wrapper cost ~65 us per call on the 2-core host it was
 measured on, against ~24 us for a plain CPU kernel registration. They are
 inference-only (vLLM runs under inference_mode): no autograd formula.
+
+The C++ CPU kernels of the oneDNN and INT8 ops (``csrc/linear_dispatch.cpp``)
+are one library, built once per machine and loaded once per process by
+:func:`native_kernels_unavailable_reason`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from spyre_inference.platform.native_build import NativeKernelUnavailable, load_torch_extension
+
 OP_NAMESPACE = "spyre_inference"
+
+_NATIVE_SOURCE = Path(__file__).with_name("csrc") / "linear_dispatch.cpp"
 
 LinearImpl = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -43,6 +54,20 @@ def register_linear_op(
     return lib
 
 
+@functools.cache
+def native_kernels_unavailable_reason() -> str | None:
+    """Load the linear ops' C++ CPU kernels; None once loaded, else why they cannot be.
+
+    Tried once per process, on first use (a model load), not at import: the
+    user's process and processes that never load weights skip the build.
+    """
+    try:
+        load_torch_extension(_NATIVE_SOURCE, python_module=False)
+    except NativeKernelUnavailable as exc:
+        return str(exc)
+    return None
+
+
 def as_rows(name: str, x: torch.Tensor, weight_t: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``x`` as ``[rows, in]`` for a product with the ``[in, out]`` weight, and ``out``.
 
@@ -55,4 +80,4 @@ def as_rows(name: str, x: torch.Tensor, weight_t: torch.Tensor) -> tuple[torch.T
     return x.reshape(-1, k), n
 
 
-__all__ = ["OP_NAMESPACE", "as_rows", "register_linear_op"]
+__all__ = ["OP_NAMESPACE", "as_rows", "native_kernels_unavailable_reason", "register_linear_op"]

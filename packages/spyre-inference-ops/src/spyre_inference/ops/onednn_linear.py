@@ -34,23 +34,23 @@ from __future__ import annotations
 
 import functools
 import weakref
-from pathlib import Path
 
 import torch
 
 from spyre_inference.ops import host_gemm
-from spyre_inference.ops.linear_op import OP_NAMESPACE, register_linear_op
+from spyre_inference.ops.linear_op import (
+    OP_NAMESPACE,
+    native_kernels_unavailable_reason,
+    register_linear_op,
+)
 from spyre_inference.platform import settings
 from spyre_inference.platform.device import is_spyre
 from spyre_inference.platform.logs import get_logger
-from spyre_inference.platform.native_build import NativeKernelUnavailable, load_torch_extension
 
 logger = get_logger(__name__)
 
 OP_NAME = "onednn_linear_t"
 QUALNAME = f"{OP_NAMESPACE}::{OP_NAME}"
-
-_NATIVE_SOURCE = Path(__file__).with_name("csrc") / "linear_dispatch.cpp"
 #: Products of at most this many rows go to the host GEMM kernel (set by kernel()).
 _host_rows = 0
 
@@ -142,10 +142,9 @@ def kernel() -> str:
     Building the C++ kernel happens here, on first use (a model load), not at
     import: the user's process and processes that never load weights skip it.
     """
-    try:
-        load_torch_extension(_NATIVE_SOURCE, python_module=False)
-    except NativeKernelUnavailable as exc:
-        logger.info("cpu target: oneDNN linear op in Python (%s)", exc)
+    reason = native_kernels_unavailable_reason()
+    if reason is not None:
+        logger.info("cpu target: oneDNN linear op in Python (%s)", reason)
         if not torch._C._dispatch_has_kernel_for_dispatch_key(QUALNAME, "CPU"):
             _LIB.impl(OP_NAME, _onednn_linear_t, "CPU")
         return "python"

@@ -53,6 +53,7 @@ from vllm.model_executor.layers.quantization.utils.w8a8_utils import convert_to_
 from vllm.model_executor.utils import replace_parameter
 from vllm.platforms import PlatformEnum, current_platform
 
+from spyre_inference.ops import host_int8
 from spyre_inference.ops.host_int8 import int8_mm
 from spyre_inference.platform import device as placement
 from spyre_inference.platform.logs import get_logger
@@ -227,6 +228,7 @@ class SpyreInt8ScaledMMKernel(Int8ScaledMMLinearKernel):
         return True, None
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        host_int8.dispatch()  # the op's CPU kernel, before any graph calls it
         w_name, s_name, i_s_name, _, _ = self.layer_param_names
         out_features = layer.output_size_per_partition
         weight = _in_out(getattr(layer, w_name).data, out_features, arrives_transposed=False)
