@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -48,14 +47,8 @@ class Model:
 
 
 def load_catalogue(path: Path = CATALOGUE) -> tuple[Model, ...]:
-    with path.open("rb") as f:
-        entries = tomllib.load(f)["model"]
-    models = tuple(Model(**{**e, "tests": tuple(e.get("tests", ()))}) for e in entries)
-    names = [m.architecture for m in models]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise ValueError(f"{path}: duplicate architectures {duplicates}")
-    return models
+    """The models of ``models.toml``, in file order."""
+    return support_matrix.read_catalogue(path, "model", Model, "architecture", "architectures")
 
 
 MODELS = load_catalogue()

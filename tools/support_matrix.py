@@ -36,12 +36,15 @@ import tomllib
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_INPUT = ROOT / "build" / "junit"
 DEFAULT_OUTPUT = ROOT / "docs" / "support-matrix.md"
 
 CATALOGUE = Path(__file__).with_name("support_matrix.toml")
+
+Row = TypeVar("Row")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,15 +61,28 @@ class Feature:
     note: str = ""
 
 
+def read_catalogue(
+    path: Path, table: str, row: type[Row], key: str, key_name: str
+) -> tuple[Row, ...]:
+    """The ``[[table]]`` entries of a TOML catalogue as ``row`` objects, in file order.
+
+    Shared with ``models_table.py``: each entry's ``tests`` (node-id patterns,
+    optional) becomes a tuple, and the ``key`` attribute must be unique
+    (``key_name`` names it in the error).
+    """
+    with path.open("rb") as f:
+        entries: list[dict[str, Any]] = tomllib.load(f)[table]
+    rows = tuple(row(**{**e, "tests": tuple(e.get("tests", ()))}) for e in entries)
+    keys = [getattr(r, key) for r in rows]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ValueError(f"{path}: duplicate {key_name} {duplicates}")
+    return rows
+
+
 def load_catalogue(path: Path = CATALOGUE) -> tuple[Feature, ...]:
     """The features of ``support_matrix.toml``, in file order."""
-    with path.open("rb") as f:
-        entries = tomllib.load(f)["feature"]
-    features = tuple(Feature(**{**e, "tests": tuple(e.get("tests", ()))}) for e in entries)
-    ids = [f.id for f in features]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise ValueError(f"{path}: duplicate feature ids {duplicates}")
+    features = read_catalogue(path, "feature", Feature, "id", "feature ids")
     bad = sorted({f.expect for f in features} - {"works", "refused"})
     if bad:
         raise ValueError(f"{path}: expect must be 'works' or 'refused', not {bad}")
