@@ -16,6 +16,7 @@ the timed ones.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -83,10 +84,6 @@ def _timed_generate(
     return elapsed, tokens
 
 
-def _same(runs: list[list[list[int]]]) -> bool:
-    return all(r == runs[0] for r in runs)
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     t_import = time.perf_counter()
     import torch
@@ -122,51 +119,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "load_before": os.getloadavg(),
     }
 
-    cap = args.cap_s
-
-    # W1: a 1-token request (prefill + first token) and the full request, interleaved.
-    def w1_pair() -> tuple[float, float, list | None]:
-        first = _timed_generate(llm, w1, 1, cap)[0]
-        elapsed, tokens = _timed_generate(llm, w1, wl.W1.output_len, cap)
-        return first, elapsed, tokens
-
-    pairs = [p for p in wl.repeat(w1_pair, args.runs_w1, args.budget_s) if p[2] is not None]
-    result["w1"] = {
-        "first_token_s": [p[0] for p in pairs],
-        "total_s": [p[1] for p in pairs],
-        "deterministic": _same([p[2] for p in pairs]),
-        "cap_s": cap,
-    }
-    w2_runs = [
-        r
-        for r in wl.repeat(
-            lambda: _timed_generate(llm, w2, wl.W2.output_len, cap), args.runs_w2, args.budget_s
-        )
-        if r[1] is not None
-    ]
-    result["w2"] = {
-        "total_s": [r[0] for r in w2_runs],
-        "deterministic": _same([r[1] for r in w2_runs]),
-        "cap_s": cap,
-    }
-    sweep_times: dict[str, list[float]] = {}
-    for b in wl.SWEEP_BATCHES:
-        runs = wl.repeat(
-            lambda b=b: _timed_generate(llm, sweep[:b], wl.SWEEP.output_len, cap),
-            args.runs_sweep,
-            args.budget_s,
-        )
-        if any(r[1] is None for r in runs):
-            break  # larger batches would not finish either: left out of the plot
-        sweep_times[str(b)] = [r[0] for r in runs]
-    result["sweep"] = {"total_s": sweep_times}
+    timings, outputs = wl.measure(
+        functools.partial(_timed_generate, llm),
+        runs_w1=args.runs_w1,
+        runs_w2=args.runs_w2,
+        runs_sweep=args.runs_sweep,
+        budget_s=args.budget_s,
+        cap_s=args.cap_s,
+        deterministic=True,
+    )
+    result.update(timings)
     result["compiles_measured"] = counter.count
     result["load_after"] = os.getloadavg()
-    result["outputs"] = {}
-    if pairs:
-        result["outputs"]["W1"] = pairs[-1][2]
-    if w2_runs:
-        result["outputs"]["W2"] = w2_runs[-1][1]
+    result["outputs"] = outputs
 
     if args.system == "plugin" and args.proxies:
         import proxies

@@ -27,6 +27,7 @@ transformers, nothing of vLLM). Two modes:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -85,9 +86,8 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     model = _load(args.model, args.dtype)
-    w1, w2, sweep = wl.W1.prompts(), wl.W2.prompts(), wl.SWEEP.prompts()
-    _generate(model, w1, 4)  # warm-up
-    _generate(model, w2[:4], 4)
+    _generate(model, wl.W1.prompts(), 4)  # warm-up
+    _generate(model, wl.W2.prompts()[:4], 4)
     result: dict[str, Any] = {
         "system": args.label or f"transformers-{args.dtype}",
         "transformers_version": transformers.__version__,
@@ -96,44 +96,17 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
         "load_before": os.getloadavg(),
     }
 
-    cap = args.cap_s
-
-    def w1_pair() -> tuple[float, float, list | None]:
-        first = _generate(model, w1, 1, cap)[0]
-        elapsed, tokens = _generate(model, w1, wl.W1.output_len, cap)
-        return first, elapsed, tokens
-
-    pairs = [p for p in wl.repeat(w1_pair, args.runs_w1, args.budget_s) if p[2] is not None]
-    result["w1"] = {
-        "first_token_s": [p[0] for p in pairs],
-        "total_s": [p[1] for p in pairs],
-        "cap_s": cap,
-    }
-    w2_runs = [
-        r
-        for r in wl.repeat(
-            lambda: _generate(model, w2, wl.W2.output_len, cap), args.runs_w2, args.budget_s
-        )
-        if r[1] is not None
-    ]
-    result["w2"] = {"total_s": [r[0] for r in w2_runs], "cap_s": cap}
-    sweep_times: dict[str, list[float]] = {}
-    for b in wl.SWEEP_BATCHES:
-        runs = wl.repeat(
-            lambda b=b: _generate(model, sweep[:b], wl.SWEEP.output_len, cap),
-            args.runs_sweep,
-            args.budget_s,
-        )
-        if any(r[1] is None for r in runs):
-            break
-        sweep_times[str(b)] = [r[0] for r in runs]
-    result["sweep"] = {"total_s": sweep_times}
+    timings, outputs = wl.measure(
+        functools.partial(_generate, model),
+        runs_w1=args.runs_w1,
+        runs_w2=args.runs_w2,
+        runs_sweep=args.runs_sweep,
+        budget_s=args.budget_s,
+        cap_s=args.cap_s,
+    )
+    result.update(timings)
     result["load_after"] = os.getloadavg()
-    result["outputs"] = {}
-    if pairs:
-        result["outputs"]["W1"] = pairs[-1][2]
-    if w2_runs:
-        result["outputs"]["W2"] = w2_runs[-1][1]
+    result["outputs"] = outputs
     result["medians"] = wl.medians(result)
     return result
 

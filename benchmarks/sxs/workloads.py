@@ -19,9 +19,15 @@ import dataclasses
 import random
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
+#: Token ids of a batch: one list per request.
+Tokens = list[list[int]]
+#: How an offline child runs one batch on its system: ``generate(prompts, output_len,
+#: cap_s)`` -> ``(seconds, generated token ids)``, or ``(cap_s, None)`` for a run
+#: stopped at its time cap.
+Generate = Callable[[Tokens, int, float | None], tuple[float, Tokens | None]]
 
 #: Token ids prompts are drawn from: ordinary tokens of SmolLM2's vocabulary
 #: (49152 entries; the first ids are special tokens such as <|im_start|>).
@@ -96,6 +102,70 @@ def repeat(fn: Callable[[], T], runs: int, budget_s: float) -> list[T]:
     while len(results) < runs and time.monotonic() - start < budget_s:
         results.append(fn())
     return results
+
+
+def measure(
+    generate: Generate,
+    *,
+    runs_w1: int,
+    runs_w2: int,
+    runs_sweep: int,
+    budget_s: float,
+    cap_s: float | None,
+    deterministic: bool = False,
+) -> tuple[dict[str, Any], dict[str, Tokens]]:
+    """The measured phase of an offline child (vLLM or transformers): W1, W2, the sweep.
+
+    Each workload runs through the child's ``generate`` (:func:`repeat` of it:
+    ``runs_*`` times within ``budget_s``), every run capped at ``cap_s``. Returns
+    the timings, keyed ``w1``, ``w2``, ``sweep`` as in the child's JSON, and
+    the last outputs of W1 and W2 (for the reference check). A run that hit the
+    cap is left out of the timings; the sweep stops at the first batch size
+    whose runs hit it. With ``deterministic``, W1 and W2 also say whether every
+    run generated the same tokens.
+    """
+    w1, w2, sweep = W1.prompts(), W2.prompts(), SWEEP.prompts()
+
+    # W1: a 1-token request (prefill + first token) and the full request, interleaved.
+    def w1_pair() -> tuple[float, float, Tokens | None]:
+        first = generate(w1, 1, cap_s)[0]
+        elapsed, tokens = generate(w1, W1.output_len, cap_s)
+        return first, elapsed, tokens
+
+    pairs = [p for p in repeat(w1_pair, runs_w1, budget_s) if p[2] is not None]
+    w1_result: dict[str, Any] = {
+        "first_token_s": [p[0] for p in pairs],
+        "total_s": [p[1] for p in pairs],
+    }
+    w2_runs = [
+        r
+        for r in repeat(lambda: generate(w2, W2.output_len, cap_s), runs_w2, budget_s)
+        if r[1] is not None
+    ]
+    w2_result: dict[str, Any] = {"total_s": [r[0] for r in w2_runs]}
+    if deterministic:
+        w1_result["deterministic"] = _all_equal([p[2] for p in pairs])
+        w2_result["deterministic"] = _all_equal([r[1] for r in w2_runs])
+    w1_result["cap_s"] = w2_result["cap_s"] = cap_s
+    sweep_times: dict[str, list[float]] = {}
+    for b in SWEEP_BATCHES:
+        runs = repeat(
+            lambda b=b: generate(sweep[:b], SWEEP.output_len, cap_s), runs_sweep, budget_s
+        )
+        if any(r[1] is None for r in runs):
+            break  # larger batches would not finish either: left out of the plot
+        sweep_times[str(b)] = [r[0] for r in runs]
+    timings = {"w1": w1_result, "w2": w2_result, "sweep": {"total_s": sweep_times}}
+    outputs: dict[str, Tokens] = {}
+    if pairs:
+        outputs["W1"] = pairs[-1][2]
+    if w2_runs:
+        outputs["W2"] = w2_runs[-1][1]
+    return timings, outputs
+
+
+def _all_equal(runs: list[Any]) -> bool:
+    return all(r == runs[0] for r in runs)
 
 
 def medians(result: dict) -> dict[str, float]:
