@@ -55,6 +55,7 @@ from tests.load import (  # noqa: E402
     SEED,
     SERVER_ARGS,
     SERVER_ENV,
+    cancel_stream,
     client,
     metric,
     mixed_requests,
@@ -139,18 +140,6 @@ async def soak(srv, duration: float, interval: float) -> dict[str, Any]:
     windows = [Window(start=0.0)]
     rss_peak: dict[str, float] = {}
 
-    async def cancel_stream(i: int) -> None:
-        stream = await api.completions.create(
-            model=MODEL, prompt=f"{i}: {PROMPTS[i % len(PROMPTS)]}", max_tokens=200,
-            temperature=0, stream=True,
-        )  # fmt: skip
-        chunks = 0
-        async for _ in stream:
-            chunks += 1
-            if chunks == 2:
-                break
-        await stream.close()
-
     async def worker(seed: int) -> None:
         rng = random.Random(seed)
         i = 0
@@ -169,7 +158,7 @@ async def soak(srv, duration: float, interval: float) -> dict[str, Any]:
                         win.bad_other += 1
                     continue
                 if draw < BAD_SHARE + CANCEL_SHARE:
-                    await cancel_stream(seed * 100_000 + i)
+                    await cancel_stream(api, MODEL, seed * 100_000 + i, after=2)
                     windows[-1].cancelled += 1
                     continue
                 base = rng.choice(pool)

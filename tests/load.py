@@ -107,6 +107,24 @@ async def send_counted(client: openai.AsyncOpenAI, model: str, req: LoadRequest)
     return "".join(text), tokens
 
 
+async def cancel_stream(
+    client: openai.AsyncOpenAI, model: str, i: int, *, after: int, max_tokens: int = 200
+) -> int:
+    """Stream a greedy completion of prompt ``i`` (numbered, so each is a distinct
+    request) and disconnect after ``after`` chunks; returns the chunks read."""
+    stream = await client.completions.create(
+        model=model, prompt=f"{i}: {PROMPTS[i % len(PROMPTS)]}", max_tokens=max_tokens,
+        temperature=0, stream=True,
+    )  # fmt: skip
+    chunks = 0
+    async for _ in stream:
+        chunks += 1
+        if chunks == after:
+            break
+    await stream.close()  # the client disconnects
+    return chunks
+
+
 def mixed_requests(
     count: int,
     prompts: Sequence[str],

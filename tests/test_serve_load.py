@@ -39,6 +39,7 @@ from tests.load import (
     SERVER_ENV,
     LoadRequest,
     bounded,
+    cancel_stream,
     client,
     metric,
     mixed_requests,
@@ -132,19 +133,6 @@ def test_bad_requests_get_a_4xx_with_a_useful_message(load) -> None:
 def test_cancelled_streams_free_the_kv_cache(server) -> None:
     streams, max_tokens = 50, 200
 
-    async def cancel_mid_stream(api: openai.AsyncOpenAI, i: int) -> int:
-        stream = await api.completions.create(
-            model=MODEL, prompt=f"{i}: {PROMPTS[i % len(PROMPTS)]}", max_tokens=max_tokens,
-            temperature=0, stream=True,
-        )  # fmt: skip
-        chunks = 0
-        async for _ in stream:
-            chunks += 1
-            if chunks == 3:
-                break
-        await stream.close()  # the client disconnects
-        return chunks
-
     def scrape() -> str:
         return requests.get(server.url("/metrics"), timeout=30).text
 
@@ -164,7 +152,10 @@ def test_cancelled_streams_free_the_kv_cache(server) -> None:
 
     async def run() -> list:
         api = _client(server)
-        out = await bounded([cancel_mid_stream(api, i) for i in range(streams)], CONCURRENCY)
+        cancels = [
+            cancel_stream(api, MODEL, i, after=3, max_tokens=max_tokens) for i in range(streams)
+        ]
+        out = await bounded(cancels, CONCURRENCY)
         await api.close()
         return out
 
