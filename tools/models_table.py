@@ -94,9 +94,7 @@ def render(results: Sequence[support_matrix.Result], files: Sequence[Path]) -> s
 def main(argv: Sequence[str] | None = None) -> int:
     description = __doc__.split("\n\n")[0]
     output, files, results = support_matrix.parse_run(argv, description, DEFAULT_OUTPUT)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render(results, files))
-    print(f"wrote {output} from {len(files)} junit file(s), {len(results)} test results")
+    support_matrix.write_page(output, render(results, files), files, results)
     return 0
 
 

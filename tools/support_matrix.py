@@ -288,6 +288,13 @@ def parse_run(
     return args.output, files, [r for path in files for r in read_junit(path)]
 
 
+def write_page(output: Path, page: str, files: Sequence[Path], results: Sequence[Result]) -> None:
+    """Write a generated page (both generators end so) and say what it came from."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(page)
+    print(f"wrote {output} from {len(files)} junit file(s), {len(results)} test results")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     output, files, results = parse_run(argv, __doc__.split("\n\n")[0], DEFAULT_OUTPUT)
     unknown = unknown_feature_ids(results)
@@ -295,9 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for fid, tests in sorted(unknown.items()):
             print(f"unknown feature id {fid!r} (add it to FEATURES): {tests}", file=sys.stderr)
         return 1
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(render(results, files))
-    print(f"wrote {output} from {len(files)} junit file(s), {len(results)} test results")
+    write_page(output, render(results, files), files, results)
     return 0
 
 
