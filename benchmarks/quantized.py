@@ -75,11 +75,18 @@ def _quantized_checkpoint(plugin_py: Path, env: dict[str, str], model: str) -> s
     """The INT8 W8A8 checkpoint of ``model``, made once per machine in the bench's folder."""
     out = WORK / f"smollm2-{SCHEME}"
     if not (out / "config.json").exists():
+        # The testing package is no part of what users install (the bench venv holds
+        # the full set a user runs): it comes from this checkout for this one call.
+        testing_src = HERE.parent / "packages" / "spyre-inference-testing" / "src"
         code = (
             "import sys; from spyre_inference.testing.quantize import quantize_checkpoint; "
             "quantize_checkpoint(sys.argv[1], sys.argv[2], sys.argv[3])"
         )
-        subprocess.run([str(plugin_py), "-c", code, model, str(out), SCHEME], env=env, check=True)
+        subprocess.run(
+            [str(plugin_py), "-c", code, model, str(out), SCHEME],
+            env={**env, "PYTHONPATH": str(testing_src)},
+            check=True,
+        )
     return str(out)
 
 
