@@ -24,6 +24,7 @@ from spyre_inference.testing.inproc import (
     runner_of,
     scheduler_of,
 )
+from spyre_inference.testing.layer_env import single_rank_vllm
 from spyre_inference.testing.models import (
     DEFAULT_DTYPE,
     KINDS,
@@ -63,6 +64,7 @@ __all__ = [
     "runner_of",
     "save_tokenizer",
     "scheduler_of",
+    "single_rank_vllm",
     "tiny_config",
     "vllm_greedy_with_top_logprobs",
 ]
