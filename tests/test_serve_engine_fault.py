@@ -26,6 +26,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import openai
 import psutil
@@ -142,6 +143,25 @@ def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
     ]  # fmt: skip
     if executor == "ray":
         args += ["--dtype", "float32"]
+    # A stream that finished normally means the kill came too late for it: the
+    # server had produced its tokens while this process, starved on a loaded
+    # 2-core host, had not yet read its first chunk (a CI run saw all three
+    # 1000-token streams "finish" 0.5 s after the kill). That trial shows
+    # nothing, so it is run once more on a fresh server; a server that really
+    # finished streams of a dead engine would do it in both.
+    for attempt in (1, 2):
+        outcomes = _kill_while_streaming(tiny_llama, args, executor, pp, victim)
+        if all(kind != "finished" for kind, _ in outcomes):
+            return
+        print(f"\nattempt {attempt}: streams finished before the kill landed: {outcomes}")
+    pytest.fail(f"streams finished normally although the engine was killed: {outcomes}")
+
+
+def _kill_while_streaming(
+    tiny_llama: Any, args: list[str], executor: str, pp: int, victim: str
+) -> list:
+    """Serve, start three long streams, kill ``victim``; check the server exits with an
+    error and leaves no process behind; returns how each stream ended."""
     with serve(tiny_llama, args) as srv:
         if executor == "ray":
             _assert_serves_hf_greedy(srv, tiny_llama)
@@ -189,9 +209,9 @@ def test_worker_killed_while_serving_makes_the_server_exit_with_an_error(
         assert 503 in health, f"/health never reported unhealthy: {health}"
         assert 200 not in health[health.index(503) :], health
         assert srv.proc.returncode != 0, srv.log()[-3000:]
-        assert all(kind != "finished" for kind, _ in outcomes), outcomes
         assert len(outcomes) == len(threads)
         _, alive = psutil.wait_procs(processes, timeout=30)
         for proc in alive:  # do not leak them into the rest of the session
             proc.kill()
         assert not alive, f"left behind: {[_title(p) for p in alive]}"
+    return outcomes
