@@ -128,12 +128,11 @@ def _child(args: argparse.Namespace) -> dict[str, Any]:
         w1_ms.append((timed(w1, wl.W1.output_len) - first) / (wl.W1.output_len - 1) * 1e3)
         first = timed(batch, 1)
         b32_ms.append((timed(batch, 1 + decode_b32) - first) / decode_b32 * 1e3)
-    from spyre_inference.ops import onednn_linear
+    from engine_child import plugin_weight_bytes
 
-    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
     out: dict[str, Any] = {
         "tree": str(Path(spyre_inference.__path__[0]).parent),
-        "weight_bytes": runner.model_memory_usage + onednn_linear.packed_bytes(),
+        "weight_bytes": plugin_weight_bytes(llm),
         "w1_ms_per_token": w1_ms,
         "b32_ms_per_step": b32_ms,
         "compiles_after_warm_up": compiles["n"],

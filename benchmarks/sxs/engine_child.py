@@ -141,13 +141,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["compiles_proxies"] = counter.count
     result["paths"] = _paths(args.system)
     if args.system == "plugin":
-        result["weight_bytes_held"] = _plugin_weight_bytes(llm)
+        result["weight_bytes_held"] = plugin_weight_bytes(llm)
     result["medians"] = _medians(result)
     llm.llm_engine.engine_core.shutdown()
     return result
 
 
-def _plugin_weight_bytes(llm: Any) -> int:
+def plugin_weight_bytes(llm: Any) -> int:
     """Weight bytes the plugin's engine holds: the model's parameters as loaded (vLLM's
     runner measures them) plus the oneDNN-packed copies the cpu target keeps beside them."""
     from spyre_inference.ops import onednn_linear

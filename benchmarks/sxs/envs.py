@@ -125,6 +125,20 @@ def base_env(python: Path) -> dict[str, str]:
     return env
 
 
+def plugin_env(python: Path) -> tuple[dict[str, str], str | None]:
+    """The plugin's run environment and the tcmalloc it preloads (None: not found).
+
+    The cpu target preloads tcmalloc into the engine processes it spawns
+    (``platform.cpu_allocator``); the benchmarks' children run the engine in
+    their own process, so they start with it, as a spawned engine would.
+    """
+    env = base_env(python)
+    tcmalloc = find_tcmalloc()
+    if tcmalloc:
+        env["LD_PRELOAD"] = tcmalloc
+    return env, tcmalloc
+
+
 def find_tcmalloc(install: bool = True) -> str | None:
     """Path of tcmalloc; installs Debian's package when missing and allowed (root, apt)."""
     for folder in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/usr/local/lib"):
