@@ -1,12 +1,14 @@
 """The cpu target's INT8 x INT8 -> INT32 product against integer matmul and ``torch._int_mm``.
 
-``host_int8.int8_mm`` runs the plugin's kernel (``csrc/host_int8_mm.c``) for a
-few rows and ``torch._int_mm`` for more, called from the op's C++ kernel
-(``csrc/linear_dispatch.cpp``) or, without a C++ toolchain, from Python. Integer
-sums are exact, so every check here is bitwise: against PyTorch's int64 matmul
-of the same values, and against ``torch._int_mm`` itself, on both builds forced
-with ``SPYRE_CPU_ISA``, through both op kernels, and with the kernel switched
-off (``SPYRE_CPU_GEMM_KERNEL=torch``).
+``host_int8.int8_mm`` runs the plugin's kernel (``csrc/host_int8_mm.c``): its
+few-rows path for up to 4 rows, and for more rows either ``torch._int_mm``
+(where the CPU has AVX-512 VNNI, its oneDNN path) or the kernel's many-rows
+path (elsewhere), called from the op's C++ kernel (``csrc/linear_dispatch.cpp``)
+or, without a C++ toolchain, from Python. Integer sums are exact, so every check
+here is bitwise: against PyTorch's int64 matmul of the same values, and against
+``torch._int_mm`` itself, on both builds forced with ``SPYRE_CPU_ISA``, with each
+many-rows choice forced (the CPU's flags as the choice reads them), through both
+op kernels, and with the kernel switched off (``SPYRE_CPU_GEMM_KERNEL=torch``).
 """
 
 from __future__ import annotations
@@ -20,13 +22,24 @@ from spyre_inference.platform import device as dev
 _REASON = host_int8.kernel_unavailable_reason()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=f"INT8 host kernel: {_REASON}")
 
-# Rows 1-4 (the kernel) and 5-9 (oneDNN); K with remainders of the 4-row groups
-# and of the threads' shares, one below 64 (a single thread); N with 16- and
-# 8-column vectors and scalar tails; SmolLM2's shapes.
+# Rows 1-4 (the few-rows path) and 5-17 (oneDNN or the many-rows path: whole
+# tiles of 6 and 8 rows and their remainders); K with remainders of the 4-row
+# groups, of the threads' shares and of the 2-row pairs, one below 64 (a single
+# thread), one over a packed panel's 1024; N with whole 2-vector panels, a
+# single-vector panel and scalar tails of both builds; SmolLM2's shapes.
 _SHAPES = [
     (m, k, n)
-    for m in (1, 2, 3, 4, 5, 9)
-    for (k, n) in ((576, 960), (1536, 576), (577, 963), (130, 17), (33, 8), (3, 130), (64, 4200))
+    for m in (1, 2, 3, 4, 5, 9, 13, 17)
+    for (k, n) in (
+        (576, 960),
+        (1536, 576),
+        (577, 963),
+        (130, 17),
+        (33, 8),
+        (3, 130),
+        (64, 4200),
+        (2049, 56),
+    )
 ]
 
 
@@ -49,6 +62,17 @@ def forced(monkeypatch):
         monkeypatch.setenv(name, value)
         dev.reset_for_tests()
         host_int8.reset_for_tests()
+
+    def many_rows(choice: str) -> None:
+        """Decide the many-rows path as on a CPU with (``onednn``) or without
+        (``kernel``) the flag the choice reads."""
+        flags = set(host_int8.cpu_flags()) - {host_int8.ONEDNN_INT8_FLAG}
+        if choice == "onednn":
+            flags.add(host_int8.ONEDNN_INT8_FLAG)
+        monkeypatch.setattr(host_int8, "cpu_flags", lambda: frozenset(flags))
+        host_int8.reset_for_tests()
+
+    force.many_rows = many_rows
 
     yield force
     monkeypatch.undo()
@@ -77,19 +101,23 @@ def test_the_op_runs_its_cpp_kernel_where_it_is_built():
     assert torch._C._dispatch_has_kernel_for_dispatch_key(host_int8.QUALNAME, "CPU")
 
 
+@pytest.mark.parametrize("many_rows", ["kernel", "onednn"])
 @pytest.mark.parametrize("which", ["native", "python"])
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
-def test_each_build_equals_integer_matmul_and_int_mm(forced, isa, which):
+def test_each_build_equals_integer_matmul_and_int_mm(forced, isa, which, many_rows):
     from spyre_inference.platform.native_build import AVX512_CPU_FLAGS, cpu_flags
 
     if isa == "avx512" and not set(AVX512_CPU_FLAGS) <= cpu_flags():
         pytest.skip("this CPU has no AVX-512 F/BW/VL/DQ")
     forced("SPYRE_CPU_ISA", isa)
+    forced.many_rows(many_rows)
     assert host_int8.kernel_isa() == isa
+    limit = host_int8.HOST_ROWS_MAX if many_rows == "onednn" else host_int8.ALL_ROWS
+    assert host_int8.max_rows() == limit
     mm = _op_kernel(which)
     for i, (m, k, n) in enumerate(_SHAPES):
         x, w = _inputs(m, k, n, seed=i)
-        assert host_int8.serves(m, k) == (m <= host_int8.HOST_ROWS_MAX)
+        assert host_int8.serves(m, k) == (m <= limit)
         y = mm(x, w)
         assert y.dtype == torch.int32
         assert torch.equal(y, _exact(x, w)), (m, k, n)
@@ -106,17 +134,21 @@ def test_switched_off_it_is_int_mm(forced, which):
     assert torch.equal(_op_kernel(which)(x, w), _exact(x, w))
 
 
-def test_extremes_do_not_overflow_int16_pairs():
+@pytest.mark.parametrize("rows", [2, 11])
+def test_extremes_do_not_overflow_int16_pairs(forced, rows):
     """-128 * -128 twice is 32768, one past int16: the kernel's pairs of products
-    must be summed in int32 (vpmaddwd), never saturated."""
-    x = torch.full((2, 1536), -128, dtype=torch.int8)
+    must be summed in int32 (vpmaddwd), never saturated (both paths)."""
+    forced.many_rows("kernel")
+    x = torch.full((rows, 1536), -128, dtype=torch.int8)
     w = torch.full((1536, 40), -128, dtype=torch.int8)
     w[::2, ::3] = 127
     assert torch.equal(host_int8.int8_mm(x, w), _exact(x, w))
 
 
-def test_rows_do_not_depend_on_threads_or_leading_dims():
-    x, w = _inputs(3, 700, 300, seed=11)
+@pytest.mark.parametrize("rows", [3, 14])
+def test_rows_do_not_depend_on_threads_or_leading_dims(forced, rows):
+    forced.many_rows("kernel")
+    x, w = _inputs(rows, 700, 300, seed=11)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -124,10 +156,13 @@ def test_rows_do_not_depend_on_threads_or_leading_dims():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, host_int8.int8_mm(x, w))
-    assert torch.equal(host_int8.int8_mm(x.view(3, 1, 700), w).view(3, 300), one)
-    # A column slice of a wider weight (row stride != columns).
+    assert torch.equal(host_int8.int8_mm(x.view(rows, 1, 700), w).view(rows, 300), one)
+    # A column slice of a wider weight (row stride != columns), and rows of x
+    # with a stride past their length.
     wide = _inputs(1, 700, 500, seed=12)[1]
     assert torch.equal(host_int8.int8_mm(x, wide[:, 100:400]), _exact(x, wide[:, 100:400]))
+    xs = _inputs(rows, 900, 1, seed=13)[0][:, :700]
+    assert torch.equal(host_int8.int8_mm(xs, w), _exact(xs, w))
 
 
 def test_inside_a_compiled_graph():

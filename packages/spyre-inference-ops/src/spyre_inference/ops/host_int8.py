@@ -9,10 +9,14 @@ GEMM reading twice the bytes), so INT8 decoded slower than bfloat16. For a few
 rows (decode steps of a few sequences) this module's kernel
 (``csrc/host_int8_mm.c``, AVX2 and AVX-512 builds chosen per CPU by
 :func:`spyre_inference.platform.native_build.select_isa`) streams the 8-bit
-weight of record; the result equals ``torch._int_mm``'s bit for bit (integer
-sums), so the choice never changes a token. More rows, or a host where the
-kernel cannot be built or ``SPYRE_CPU_GEMM_KERNEL=torch``, use
-``torch._int_mm``.
+weight of record. More rows go to ``torch._int_mm`` where the CPU has AVX-512
+VNNI (its oneDNN path); without VNNI ``torch._int_mm`` is a scalar loop (2.5
+GOPS on a 2-core AVX2 EPYC, fifty times slower than a float32 matmul of the
+same shape), so there the kernel's register-blocked many-rows path takes every
+row count (:func:`max_rows`, decided once per process and logged). The result
+equals ``torch._int_mm``'s bit for bit (integer sums), so the choice never
+changes a token. A host where the kernel cannot be built, or
+``SPYRE_CPU_GEMM_KERNEL=torch``, uses ``torch._int_mm`` throughout.
 
 The op ``torch.ops.spyre_inference.int8_mm(x, weight_t)`` is what the block
 graphs call (one opaque node per linear, like the 16-bit linear ops). Its CPU
@@ -42,7 +46,11 @@ from spyre_inference.ops.linear_op import (
 )
 from spyre_inference.platform import settings
 from spyre_inference.platform.logs import get_logger
-from spyre_inference.platform.native_build import NativeKernelUnavailable, load_kernel
+from spyre_inference.platform.native_build import (
+    NativeKernelUnavailable,
+    cpu_flags,
+    load_kernel,
+)
 
 logger = get_logger(__name__)
 
@@ -54,9 +62,18 @@ _SOURCE = Path(__file__).with_name("csrc") / "host_int8_mm.c"
 #: Instruction sets ``csrc/host_int8_mm.c`` has builds for (bit-identical results).
 ISAS = ("avx512", "avx2")
 
-#: Rows the kernel takes (its few-rows path; more rows are compute, not memory,
-#: bound and go to oneDNN).
+#: Rows of the kernel's few-rows (memory-bound) path; the most it takes where
+#: ``torch._int_mm`` runs oneDNN (:func:`max_rows`).
 HOST_ROWS_MAX = 4
+
+#: CPU flag without which ``torch._int_mm`` has no oneDNN path on the CPU (its
+#: scalar fallback: the backtrace of a slow INT8 prefill on an AVX2 EPYC ends in
+#: ``at::native::_int_mm_out_cpu``'s own ``parallel_for`` loop, while an AVX-512
+#: VNNI Zen 4 runs oneDNN for the same call).
+ONEDNN_INT8_FLAG = "avx512_vnni"
+
+#: ``max_rows`` where the kernel takes every product (no row limit).
+ALL_ROWS = 2**62
 
 #: int32 sums of int8 products are exact while |sum| <= 128 * 128 * K fits.
 _MAX_K = (2**31 - 1) // (128 * 128)
@@ -87,6 +104,7 @@ def reset_for_tests() -> None:
     ``SPYRE_CPU_GEMM_KERNEL``): the op's C++ kernel follows at once."""
     _library_or_error.cache_clear()
     kernel_unavailable_reason.cache_clear()
+    max_rows.cache_clear()
     dispatch.cache_clear()
     dispatch()
 
@@ -107,11 +125,35 @@ def kernel_isa() -> str | None:
     return None if isinstance(lib, str) else lib.spyre_isa
 
 
+@functools.cache
+def max_rows() -> int:
+    """The most rows a product may have to run on the host kernel (decided once).
+
+    :data:`HOST_ROWS_MAX` where ``torch._int_mm`` runs oneDNN (the CPU has
+    :data:`ONEDNN_INT8_FLAG`), else :data:`ALL_ROWS`: ``torch._int_mm``'s scalar
+    loop is no fallback for a prefill chunk. 0 when the kernel is unavailable.
+    """
+    if kernel_unavailable_reason() is not None:
+        return 0
+    if ONEDNN_INT8_FLAG in cpu_flags():
+        logger.info(
+            "cpu target: INT8 products of up to %d rows on the host kernel, more on "
+            "torch._int_mm (oneDNN, %s)",
+            HOST_ROWS_MAX,
+            ONEDNN_INT8_FLAG,
+        )
+        return HOST_ROWS_MAX
+    logger.info(
+        "cpu target: every INT8 product on the host kernel (no %s: torch._int_mm has no "
+        "oneDNN path here)",
+        ONEDNN_INT8_FLAG,
+    )
+    return ALL_ROWS
+
+
 def serves(rows: int, in_features: int) -> bool:
     """Whether a product of ``rows`` rows with ``in_features`` runs on the host kernel."""
-    return (
-        0 < rows <= HOST_ROWS_MAX and in_features <= _MAX_K and kernel_unavailable_reason() is None
-    )
+    return 0 < rows <= max_rows() and in_features <= _MAX_K
 
 
 def int8_mm_in_python(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
@@ -175,7 +217,7 @@ def dispatch() -> str:
         lib = _library_or_error()
         assert not isinstance(lib, str)
         address = ctypes.cast(lib.spyre_int8_mm, ctypes.c_void_p).value or 0
-    torch.ops.spyre_inference_native.set_host_int8(address, HOST_ROWS_MAX, _MAX_K)
+    torch.ops.spyre_inference_native.set_host_int8(address, max_rows(), _MAX_K)
     return "native"
 
 
@@ -185,13 +227,16 @@ def int8_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = [
+    "ALL_ROWS",
     "HOST_ROWS_MAX",
+    "ONEDNN_INT8_FLAG",
     "QUALNAME",
     "dispatch",
     "int8_mm",
     "int8_mm_in_python",
     "kernel_isa",
     "kernel_unavailable_reason",
+    "max_rows",
     "reset_for_tests",
     "serves",
 ]

@@ -4,31 +4,47 @@
 #include <string.h>
 #include <omp.h>
 
-/* INT8 x INT8 -> INT32 product of the cpu target for a few rows, weights [in, out].
+/* INT8 x INT8 -> INT32 product of the cpu target, weights [in, out].
  *
- *   y[M, N] (int32) = x[M, K] (int8) @ w[K, N] (int8),  M <= FEW_ROWS_MAX
+ *   y[M, N] (int32) = x[M, K] (int8) @ w[K, N] (int8)
  *
  * Why it exists: INT8 W8A8 checkpoints (issue 25) keep their weights in 8 bits,
- * transposed at load as every Spyre linear weight. A decode step of a few
- * sequences is memory bound, so 8-bit weights should read half the bytes of
- * 16-bit ones; but torch._int_mm (oneDNN) on a plain [K, N] weight ran at one
- * row at ~10 GB/s on a 2-core Zen 4 (89 us per SmolLM2 product, 10.7 ms per
- * decode step against 6.5 ms for the 16-bit host GEMM reading twice the
- * bytes). This kernel streams the weight of record at the memory's pace.
+ * transposed at load as every Spyre linear weight. Two regimes:
+ *
+ * - A few rows (M <= FEW_ROWS_MAX: decode steps of a few sequences) are memory
+ *   bound: 8-bit weights should read half the bytes of 16-bit ones, but
+ *   torch._int_mm (oneDNN) on a plain [K, N] weight ran at one row at ~10 GB/s
+ *   on a 2-core Zen 4 (89 us per SmolLM2 product, 10.7 ms per decode step
+ *   against 6.5 ms for the 16-bit host GEMM reading twice the bytes). This path
+ *   streams the weight of record at the memory's pace.
+ * - More rows (prefill chunks, large decode batches) are compute bound. Where
+ *   the CPU has AVX-512 VNNI, torch._int_mm's oneDNN path serves them (the
+ *   caller decides, spyre_inference.ops.host_int8). Without it, torch._int_mm
+ *   is a scalar loop: 2.5 GOPS on a 2-core AVX2 EPYC at 32 x 576 x 1536, fifty
+ *   times slower than a float32 matmul of the same shape, which made a
+ *   512-token prefill step of INT8 SmolLM2 take tens of seconds. The
+ *   register-blocked path below is for those hosts.
  *
  * Numerics: exact. Products of two int8 values summed in int32 (vpmaddwd adds
  * two int16 products into an int32 lane, which cannot overflow), so the result
- * equals torch._int_mm's bit for bit, whatever the split over threads, the
- * build or the row count (int32 sums are exact while they fit: |sum| <=
- * 128 * 128 * K, within int32 for K < 131072; the caller checks K).
+ * equals torch._int_mm's bit for bit, whatever the path, the split over
+ * threads, the build or the row count (int32 sums are exact while they fit:
+ * |sum| <= 128 * 128 * K, within int32 for K < 131072; the caller checks K).
  *
- * How: the threads divide k, so each streams a contiguous run of whole rows of
- * w (as the 16-bit kernel's few-rows path does, for the same reason: hardware
- * prefetchers follow long runs). Two rows k, k+1 of a 16-column segment are
- * interleaved byte-wise into (w[k][n], w[k+1][n]) pairs, sign-extended to
- * int16 and multiplied by the broadcast pair (x[m][k], x[m][k+1]) with
- * vpmaddwd; the int32 sums accumulate in y (or a thread's scratch), column
- * blocks sized to stay in L1. Prefetches into L2 (T1), 16 rows ahead.
+ * Few rows, how: the threads divide k, so each streams a contiguous run of
+ * whole rows of w (as the 16-bit kernel's few-rows path does, for the same
+ * reason: hardware prefetchers follow long runs). Two rows k, k+1 of a
+ * 16-column segment are interleaved byte-wise into (w[k][n], w[k+1][n]) pairs,
+ * sign-extended to int16 and multiplied by the broadcast pair (x[m][k],
+ * x[m][k+1]) with vpmaddwd; the int32 sums accumulate in y (or a thread's
+ * scratch), column blocks sized to stay in L1. Prefetches into L2 (T1), 16 rows
+ * ahead.
+ *
+ * Many rows, how: x is converted once to int16 pairs (one int32 per pair of
+ * k). The threads divide the columns into panels of NR vectors; a thread packs
+ * a panel's w (KB rows at a time) into the same pairs, then runs every
+ * MR-row tile of x over it with MR x NR accumulators held in registers, so a
+ * packed weight vector serves MR rows and a broadcast x pair NR vectors.
  *
  * Two builds: AVX2 (8 columns per vector) and AVX-512 BW (16). Built at first
  * use by spyre_inference.ops.host_int8 with -O3 -fopenmp. */
@@ -158,12 +174,148 @@ static void rows_range(const int8_t *x, long M, long ldx, const int8_t *w, long 
     }
 }
 
+/* ---- Many rows -------------------------------------------------------- */
+
+/* Rows per tile: MR x NR accumulators, NR packed weight vectors and one
+ * broadcast fit the register file (AVX2: 12 + 2 + 1 of 16 ymm; AVX-512:
+ * 16 + 2 + 1 of 32 zmm). */
+#ifdef __AVX512BW__
+#define MR 8
+#else
+#define MR 6
+#endif
+#define NR 2
+#define NB (NR * VW)
+/* Pairs of k per packed panel: AVX2 512 x 16 columns x 4 bytes = 32 KiB,
+ * AVX-512 64 KiB, beside the tile's x rows in L2. */
+#define KP 512
+
+/* y[0:mr][0:nr*VW] (+)= xp[0:mr][0:np] @ panel[0:np][0:nr*VW] in int16 pairs. */
+static inline __attribute__((always_inline)) void tile(
+    const int32_t *xp, long ldxp, const int32_t *panel, long np, const int mr, const int nr,
+    int32_t *y, long ldy, int accumulate)
+{
+    vint acc[MR][NR];
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < nr; j++)
+            acc[m][j] = accumulate ? VLOAD(y + m * ldy + j * VW) : VSET1(0);
+    for (long p = 0; p < np; p++) {
+        vint wv[NR];
+        for (int j = 0; j < nr; j++) wv[j] = VLOAD(panel + p * NB + j * VW);
+        for (int m = 0; m < mr; m++) {
+            vint xb = VSET1(xp[m * ldxp + p]);
+            for (int j = 0; j < nr; j++) acc[m][j] = VADD(acc[m][j], VMADD(wv[j], xb));
+        }
+    }
+    for (int m = 0; m < mr; m++)
+        for (int j = 0; j < nr; j++) VSTORE(y + m * ldy + j * VW, acc[m][j]);
+}
+
+#define TILE_CASE(R)                                                                \
+    case R:                                                                         \
+        if (nr == NR) tile(xp, ldxp, panel, np, R, NR, y, ldy, accumulate);        \
+        else tile(xp, ldxp, panel, np, R, 1, y, ldy, accumulate);                  \
+        break;
+
+/* The tile for mr (1..MR) rows and nr (1 or NR) vectors, as constants. */
+static void tile_any(const int32_t *xp, long ldxp, const int32_t *panel, long np, int mr, int nr,
+                     int32_t *y, long ldy, int accumulate)
+{
+    switch (mr) {
+    TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6)
+#if MR > 6
+    TILE_CASE(7) TILE_CASE(8)
+#endif
+    default: break;
+    }
+}
+
+/* Pairs p0..p1 of k of columns n0..n0+nv*VW of w, as int16 pairs, into panel
+ * (NB int32 per pair; an odd K's last pair has a zero high half). */
+static void pack_panel(const int8_t *w, long K, long ldw, long p0, long p1, long n0, int nv,
+                       int32_t *panel)
+{
+    static const int8_t zeros[64] = {0};
+    for (long p = p0; p < p1; p++) {
+        const int8_t *a = w + 2 * p * ldw + n0;
+        for (int j = 0; j < nv; j++) {
+            const int8_t *b = 2 * p + 1 < K ? a + ldw + j * VW : zeros;
+            VSTORE(panel + (p - p0) * NB + j * VW, pairs(a + j * VW, b));
+        }
+    }
+}
+
+static void many_rows(const int8_t *x, long M, long K, long ldx, const int8_t *w, long N,
+                      long ldw, int32_t *y, long ldy, int nthreads, int32_t *xp, int32_t *panels)
+{
+    const long P = (K + 1) / 2, npanel = N / NB;
+    const long nvec = N / VW, ntail = N - nvec * VW;
+    /* Units of work: full panels, then one single-vector panel if a vector is
+     * left over; the scalar columns after the last vector go to the last thread. */
+    const long units = npanel + (nvec - npanel * NR > 0 ? 1 : 0);
+    int nt = nthreads;
+    if (nt > units) nt = units > 0 ? (int)units : 1;
+    #pragma omp parallel num_threads(nt)
+    {
+        int t = omp_get_thread_num(), g = omp_get_num_threads();
+        for (long m = t; m < M; m += g) {
+            const int8_t *xm = x + m * ldx;
+            int32_t *out = xp + m * P;
+            for (long p = 0; p < K / 2; p++) out[p] = pair_of(xm[2 * p], xm[2 * p + 1]);
+            if (K & 1) out[P - 1] = pair_of(xm[K - 1], 0);
+        }
+        #pragma omp barrier
+        int32_t *panel = panels + (long)t * KP * NB;
+        long u0 = units * t / g, u1 = units * (t + 1) / g;
+        for (long u = u0; u < u1; u++) {
+            const long n0 = u * NB;
+            const int nr = u < npanel ? NR : 1;
+            for (long p0 = 0; p0 < P; p0 += KP) {
+                const long p1 = p0 + KP < P ? p0 + KP : P;
+                pack_panel(w, K, ldw, p0, p1, n0, nr, panel);
+                for (long m0 = 0; m0 < M; m0 += MR) {
+                    const int mr = M - m0 < MR ? (int)(M - m0) : MR;
+                    tile_any(xp + m0 * P + p0, P, panel, p1 - p0, mr, nr, y + m0 * ldy + n0, ldy,
+                             p0 > 0);
+                }
+            }
+        }
+        if (t == g - 1 && ntail > 0) {
+            const long n0 = nvec * VW;
+            for (long m = 0; m < M; m++) {
+                int32_t *ym = y + m * ldy;
+                for (long n = n0; n < N; n++) ym[n] = 0;
+                for (long k = 0; k < K; k++) {
+                    const int32_t xv = x[m * ldx + k];
+                    const int8_t *wk = w + k * ldw;
+                    for (long n = n0; n < N; n++) ym[n] += xv * wk[n];
+                }
+            }
+        }
+    }
+}
+
+/* ---- Entry point -------------------------------------------------------- */
+
 /* Returns 0; 1 when M is out of range or the scratch cannot be allocated (y is
  * then incomplete and the caller must raise). */
 int spyre_int8_mm(const int8_t *x, long M, long K, long ldx, const int8_t *w, long N, long ldw,
                   int32_t *y, long ldy, int nthreads) {
-    if (M < 1 || M > FEW_ROWS_MAX) return 1;
+    if (M < 1) return 1;
     if (nthreads < 1) nthreads = 1;
+    if (M > FEW_ROWS_MAX) {
+        int32_t *xp = aligned_alloc(64, ((M * ((K + 1) / 2) * sizeof(int32_t)) + 63) / 64 * 64);
+        int32_t *panels = aligned_alloc(64, (long)nthreads * KP * NB * sizeof(int32_t));
+        if (!xp || !panels) {
+            free(xp);
+            free(panels);
+            return 1;
+        }
+        many_rows(x, M, K, ldx, w, N, ldw, y, ldy, nthreads, xp, panels);
+        free(xp);
+        free(panels);
+        return 0;
+    }
     /* At least 64 rows of w per thread: below that a thread's share is not worth
      * its start-up and the reduction. */
     long max_threads = K / 64 > 0 ? K / 64 : 1;

@@ -103,9 +103,10 @@ at::Tensor onednn_linear_t(const at::Tensor& x, const at::Tensor& weight_t) {
 }
 
 // Same contract as host_int8.int8_mm_in_python (the fallback without a C++
-// toolchain): argument errors are ValueErrors, few rows on the host kernel,
-// the rest on torch._int_mm (oneDNN); both exact, so the choice never changes
-// a result.
+// toolchain): argument errors are ValueErrors, up to the row count Python set
+// (a few where torch._int_mm runs oneDNN, all where it is a scalar loop) on the
+// host kernel, the rest on torch._int_mm; both exact, so the choice never
+// changes a result.
 at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& weight_t) {
   TORCH_CHECK_VALUE(x.scalar_type() == at::kChar && weight_t.scalar_type() == at::kChar &&
                         weight_t.dim() == 2,
