@@ -114,6 +114,9 @@ def test_each_build_equals_integer_matmul_and_int_mm(forced, isa, which, many_ro
     assert host_int8.kernel_isa() == isa
     limit = host_int8.HOST_ROWS_MAX if many_rows == "onednn" else host_int8.ALL_ROWS
     assert host_int8.max_rows() == limit
+    described = host_int8.describe()  # what the benchmark reports name
+    assert described is not None and f"{isa} build" in described
+    assert ("every row count" in described) == (many_rows == "kernel")
     mm = _op_kernel(which)
     for i, (m, k, n) in enumerate(_SHAPES):
         x, w = _inputs(m, k, n, seed=i)

@@ -221,6 +221,19 @@ def dispatch() -> str:
     return "native"
 
 
+def describe() -> str | None:
+    """How this process runs INT8 products (for reports), or None if no INT8
+    weights have loaded (:func:`dispatch` has not run)."""
+    if not dispatch.cache_info().currsize:
+        return None
+    isa = kernel_isa()
+    if kernel_unavailable_reason() is not None or isa is None:
+        return f"torch._int_mm for every product ({kernel_unavailable_reason()})"
+    limit = max_rows()
+    rows = "every row count" if limit == ALL_ROWS else f"up to {limit} rows, torch._int_mm above"
+    return f"plugin INT8 kernel, {isa} build, {rows} ({dispatch()} op kernel)"
+
+
 def int8_mm(x: torch.Tensor, weight_t: torch.Tensor) -> torch.Tensor:
     """``x @ weight_t`` in int32 for int8 ``x`` and an int8 ``[in, out]`` weight (exact)."""
     return torch.ops.spyre_inference.int8_mm.default(x, weight_t)
@@ -231,6 +244,7 @@ __all__ = [
     "HOST_ROWS_MAX",
     "ONEDNN_INT8_FLAG",
     "QUALNAME",
+    "describe",
     "dispatch",
     "int8_mm",
     "int8_mm_in_python",
