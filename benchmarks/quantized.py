@@ -185,6 +185,13 @@ def _section(slug: str, run: dict[str, Any]) -> str:
         "`SPYRE_CPU_INT8_VOCAB=1` the plugin holds it in 8 bits too.",
         "",
     ]
+    recorded = {name: got["paths"] for name, got in figures.items() if got.get("paths")}
+    if recorded:
+        lines += ["Kernel paths (as each engine reported them after its runs):", ""]
+        for name, kinds in recorded.items():
+            described = "; ".join(f"{kind}: {how}" for kind, how in kinds.items())
+            lines.append(f"- {name}: {described}")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -240,6 +247,7 @@ def main() -> int:
 
     samples: dict[str, dict[str, list[float]]] = {v: {"w1": [], "w2": []} for v in chosen}
     held: dict[str, int] = {}
+    paths: dict[str, dict[str, str]] = {}
     for r in range(args.rounds):
         for name in chosen if r % 2 == 0 else list(reversed(chosen)):
             system, ckpt, extra = VARIANTS[name]
@@ -258,6 +266,8 @@ def main() -> int:
             ]
             if "weight_bytes_held" in got:
                 held[name] = got["weight_bytes_held"]
+            if "paths" in got:
+                paths[name] = got["paths"]
 
     cpu, flags = cpu_class.read_cpuinfo()
     machine = cpu_class.classify(cpu, flags)
@@ -277,6 +287,7 @@ def main() -> int:
                 "w1_ms_per_token": _median(s["w1"]),
                 "w2_tok_s": _median(s["w2"]),
                 **({"weight_bytes_held": held[name]} if name in held else {}),
+                **({"paths": paths[name]} if name in paths else {}),
             }
             for name, s in samples.items()
         },

@@ -170,13 +170,14 @@ def _paths(system: str) -> dict[str, str]:
         except Exception as exc:  # another vLLM: say so rather than guess
             attn = f"vLLM CPU attention (ISA not read: {type(exc).__name__})"
         return {
-            "GEMM": "vLLM's oneDNN `onednn_mm`, weights prepacked at load "
-            f"(ATen dispatch {cpu}, AMX tiles {'available' if amx else 'absent'})",
+            "GEMM": "vLLM's oneDNN ops (`onednn_mm`; `onednn_scaled_mm` for INT8 W8A8), "
+            f"weights prepacked at load (ATen dispatch {cpu}, AMX tiles "
+            f"{'available' if amx else 'absent'})",
             "attention": attn,
         }
     from spyre_inference.attention import ops as attn_ops
     from spyre_inference.attention.ops import host_decode, host_prefill
-    from spyre_inference.ops import host_gemm, onednn_linear
+    from spyre_inference.ops import host_gemm, host_int8, onednn_linear
     from spyre_inference.platform import device
 
     dtype = torch.bfloat16
@@ -205,7 +206,11 @@ def _paths(system: str) -> dict[str, str]:
         prefill.append(f"PyTorch CPU flash kernel over unpadded pages ({torch_calls} calls)")
     if len(attn_ops.PAGE_ATTENTION):
         prefill.append(f"compiled graph ({len(attn_ops.PAGE_ATTENTION)} variants)")
-    return {"GEMM": gemm, "decode attention": decode, "prefill attention": "; ".join(prefill)}
+    paths = {"GEMM": gemm, "decode attention": decode, "prefill attention": "; ".join(prefill)}
+    int8 = host_int8.describe()  # None unless INT8 weights loaded
+    if int8 is not None:
+        paths["INT8 GEMM"] = int8
+    return paths
 
 
 def _medians(result: dict[str, Any]) -> dict[str, float]:
