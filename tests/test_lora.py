@@ -29,6 +29,13 @@ TARGETS = ("q_proj", "v_proj", "down_proj")
 MAX_TOKENS = 12
 
 
+@pytest.fixture(autouse=True)
+def _lora_buckets(monkeypatch) -> None:
+    """The test plugin's bucket set holds 1, which LoRA refuses (its ops cannot be
+    compiled for a 1-token step): these engines start at 2, as LoRA's default does."""
+    monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", "2,8,64")
+
+
 def _make_adapter(base: Path, out: Path, seed: int) -> dict[str, torch.Tensor]:
     """Write a PEFT LoRA adapter for ``base``; returns its merged deltas by weight name."""
     from safetensors.torch import save_file

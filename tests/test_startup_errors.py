@@ -398,8 +398,13 @@ def test_draft_model_speculation_is_refused_at_start_up(tiny_llama) -> None:
         _config(tiny_llama, speculative_config=spec)
 
 
-def test_lora_passes_the_start_up_checks_on_the_cpu_target(tiny_llama) -> None:
-    """LoRA is served on the cpu target (tests/test_lora.py); the card path refuses it."""
+def test_lora_passes_the_start_up_checks_on_the_cpu_target(tiny_llama, monkeypatch) -> None:
+    """LoRA is served on the cpu target (tests/test_lora.py) with the default buckets;
+    the card path refuses it."""
+    from spyre_inference.platform import settings
+
+    monkeypatch.delenv("SPYRE_NUM_TOKENS_BUCKETS", raising=False)
+    settings.reset_cache()
     config = _config(tiny_llama, enable_lora=True, max_lora_rank=8)
     assert config.lora_config is not None
 

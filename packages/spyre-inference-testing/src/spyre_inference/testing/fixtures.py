@@ -16,6 +16,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -36,6 +37,17 @@ _built: dict[str, Path] = {}
 _lock = threading.Lock()
 
 TinyModelFactory = Callable[..., Path]
+
+#: The num_tokens buckets of every test engine whose test (or environment) names
+#: none, set for the whole pytest session. Warm-up runs each bucket once per block
+#: variant, each a Dynamo trace plus an Inductor compile or cache load (~0.5 s warm,
+#: seconds cold, on a 2-core AVX2 host); the cpu target's default for a 128-token
+#: budget is 8 buckets (1, 2, 4, ..., 128), 12 for vLLM's 2048. These keep the paths
+#: a test exercises (one-row decode through the host kernels, a padded small batch,
+#: prefill chunks) with at most 8x padding, and the budget is always added
+#: (``TokenBuckets``). Tests of the default set unset it (``monkeypatch.delenv``, or
+#: ``inproc_llm`` without ``buckets``).
+TEST_NUM_TOKENS_BUCKETS = "1,8,64,512"
 
 
 def _cache_key(kind: str, overrides: dict[str, Any]) -> str:
@@ -232,6 +244,8 @@ def inproc_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # Before any fixture starts an engine or a server (they inherit the variable).
+    os.environ.setdefault("SPYRE_NUM_TOKENS_BUCKETS", TEST_NUM_TOKENS_BUCKETS)
     config.addinivalue_line(
         "markers", "spyre: needs a Spyre card (torch-spyre and a visible card); skipped without"
     )
