@@ -20,3 +20,10 @@ def vllm_env() -> Iterator[Any]:
 
     with single_rank_vllm("spyre-models-dist-") as config:
         yield config
+
+
+@pytest.fixture
+def llm_in_process() -> bool:
+    """``make_llm`` engines in the test's process: these tests are about what a model
+    computes; the engine process as deployed is covered end to end (``tests/``)."""
+    return True

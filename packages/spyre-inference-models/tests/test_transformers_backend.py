@@ -25,6 +25,15 @@ from spyre_inference.testing import TEST_PROMPTS, hf_greedy, tiny_config
 MAX_POS = 256
 
 
+@pytest.fixture
+def llm_in_process() -> bool:
+    """Engines in their own process here: vLLM's Transformers backend decorates the
+    transformers model classes it serves (``support_torch_compile``) for the whole
+    process, after which the tests' transformers references of those classes no
+    longer build outside a vLLM config."""
+    return False
+
+
 def _hf_rotary(**overrides):
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 

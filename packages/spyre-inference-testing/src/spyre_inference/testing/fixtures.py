@@ -145,6 +145,9 @@ __all__ = [
     "hf_greedy",
     "hf_greedy_with_logprobs",
     "inproc_llm",
+    "llm_defaults",
+    "llm_in_process",
+    "make_llm",
     "pytest_collection_modifyitems",
     "pytest_configure",
     "tiny_bert",
@@ -167,9 +170,22 @@ def llm_defaults() -> dict[str, Any]:
 
 
 @pytest.fixture
-def make_llm(monkeypatch: pytest.MonkeyPatch, llm_defaults: dict[str, Any]) -> Iterator[Any]:
-    """``make_llm(model, **llm_kwargs)``: ``vllm.LLM`` engines (in their own engine
-    process, as vLLM defaults), shut down after the test.
+def llm_in_process() -> bool:
+    """Whether :func:`make_llm` runs its engines in the test's process; a conftest
+    overrides it. False here: vLLM's default engine process, as users run it."""
+    return False
+
+
+@pytest.fixture
+def make_llm(
+    monkeypatch: pytest.MonkeyPatch, llm_defaults: dict[str, Any], llm_in_process: bool
+) -> Iterator[Any]:
+    """``make_llm(model, **llm_kwargs)``: ``vllm.LLM`` engines, shut down after the test.
+
+    Each engine core runs in its own process, as vLLM defaults, unless
+    ``llm_in_process`` says otherwise: then in the test's process, which skips the
+    engine process's start (a spawn and vLLM's import, ~15 s on a 2-core AVX2 host)
+    for tests about what the engine computes rather than how it is deployed.
 
     ``LLM.apply_model`` ships a function to the engine process with cloudpickle,
     which vLLM allows only with VLLM_ALLOW_INSECURE_SERIALIZATION=1 (tests only).
@@ -177,15 +193,37 @@ def make_llm(monkeypatch: pytest.MonkeyPatch, llm_defaults: dict[str, Any]) -> I
     from vllm import LLM
 
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+    if llm_in_process:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     engines: list[Any] = []
 
     def factory(model: Path | str, **kwargs: Any) -> Any:
+        if llm_in_process:
+            _fresh_process_state()
         llm = LLM(model=str(model), **{**llm_defaults, **kwargs})
         engines.append(llm)
         return llm
 
     yield factory
     _shut_down(engines)
+    if llm_in_process:
+        _fresh_process_state()
+
+
+def _fresh_process_state() -> None:
+    """Forget what an earlier engine in this process cached: the plugin's settings
+    (read once per process), vLLM's environment cache, Dynamo's compiled frames
+    (block classes share ``forward`` code objects across models) and its counters."""
+    import torch
+    import vllm.envs as vllm_envs
+    from torch._dynamo.utils import counters
+
+    from spyre_inference.platform import settings
+
+    settings.reset_cache()
+    vllm_envs.disable_envs_cache()
+    torch._dynamo.reset()
+    counters.clear()
 
 
 def _shut_down(engines: list[Any]) -> None:
@@ -205,12 +243,7 @@ def inproc_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     512, 8 sequences, 64 batched tokens, block granularity, the settings'
     default buckets unless ``buckets`` names them.
     """
-    import torch
-    import vllm.envs as vllm_envs
-    from torch._dynamo.utils import counters
     from vllm import LLM
-
-    from spyre_inference.platform import settings
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     engines: list[Any] = []
@@ -223,11 +256,7 @@ def inproc_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         else:
             monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", buckets)
         monkeypatch.setenv("SPYRE_COMPILE_GRANULARITY", granularity)
-        settings.reset_cache()
-        # An earlier in-process engine froze vLLM's environment cache.
-        vllm_envs.disable_envs_cache()
-        torch._dynamo.reset()
-        counters.clear()
+        _fresh_process_state()
         kwargs.setdefault("max_model_len", 512)
         kwargs.setdefault("max_num_seqs", 8)
         kwargs.setdefault("max_num_batched_tokens", 64)
@@ -238,9 +267,7 @@ def inproc_llm(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
     yield factory
     _shut_down(engines)
-    vllm_envs.disable_envs_cache()
-    settings.reset_cache()
-    torch._dynamo.reset()
+    _fresh_process_state()
 
 
 def pytest_configure(config: pytest.Config) -> None:
