@@ -17,6 +17,13 @@ from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 MAX_TOKENS = 24
 
 
+@pytest.fixture
+def llm_in_process() -> bool:
+    """The engines in this process: these tests are about what each architecture
+    computes (the engine process as served is the rest of ``tests/``'s subject)."""
+    return True
+
+
 @pytest.mark.parametrize("kind", ["llama", "granite", "mistral", "granitemoe", "falcon"])
 def test_greedy_equals_hf(kind: str, tiny_model_factory, make_llm) -> None:
     model = tiny_model_factory(kind)
