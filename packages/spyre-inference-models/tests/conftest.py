@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def vllm_env() -> Iterator[Any]:
     """A default VllmConfig made current and a 1-rank gloo group, for layer tests
-    (vLLM layers read both when they are constructed)."""
+    (vLLM layers read both when they are constructed). Per test, not per session:
+    an engine in the test's process (``llm_in_process``) tears the process's groups
+    down when it shuts down."""
     from spyre_inference.testing.layer_env import single_rank_vllm
 
     with single_rank_vllm("spyre-models-dist-") as config:
