@@ -42,7 +42,7 @@ TinyModelFactory = Callable[..., Path]
 #: none, set for the whole pytest session. Warm-up runs each bucket once per block
 #: variant, each a Dynamo trace plus an Inductor compile or cache load (~0.5 s warm,
 #: seconds cold, on a 2-core AVX2 host); the cpu target's default for a 128-token
-#: budget is 8 buckets (1, 2, 4, ..., 128), 12 for vLLM's 2048. These keep the paths
+#: budget is 8 buckets (1, 2, 4, ..., 128), 15 for vLLM's 2048. These keep the paths
 #: a test exercises (one-row decode through the host kernels, a padded small batch,
 #: prefill chunks) with at most 8x padding, and the budget is always added
 #: (``TokenBuckets``). Tests of the default set unset it (``monkeypatch.delenv``, or
