@@ -115,12 +115,42 @@ def test_inside_a_compiled_graph():
     assert torch.equal(compiled(xb, w), f(xb, w))
 
 
-def test_bad_arguments_are_errors():
+def test_the_op_runs_its_cpp_kernel_where_it_is_built():
+    """The dispatcher picks the C++ kernel over the composite Python one, and both
+    run the same build of the kernel: the same bits."""
+    from spyre_inference.ops import host_gemm
+    from spyre_inference.ops.linear_op import native_kernels_unavailable_reason
+
+    reason = native_kernels_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    assert host_gemm.dispatch() == "native"
+    assert torch._C._dispatch_has_kernel_for_dispatch_key(host_gemm.QUALNAME, "CPU")
+    for i, (m, k, n) in enumerate(((1, 576, 960), (4, 100, 37), (13, 1536, 200))):
+        for dtype in (torch.bfloat16, torch.float16):
+            x, w = _inputs(m, k, n, dtype, seed=300 + i)
+            xb = x.to(dtype).view(1, m, k)  # leading dims and a 16-bit x, widened by the op
+            y = host_gemm_w16(xb, w)
+            assert y.dtype == torch.float32 and y.shape == (1, m, n)
+            assert torch.equal(y, host_gemm.host_gemm_w16_in_python(xb, w)), (m, k, n, dtype)
+
+
+@pytest.mark.parametrize("which", ["native", "python"])
+def test_bad_arguments_are_errors(which):
+    from spyre_inference.ops import host_gemm
+
+    if which == "python":
+        op = host_gemm.host_gemm_w16_in_python
+    elif host_gemm.dispatch() != "native":
+        pytest.skip("no C++ toolchain: the op's kernel is the Python one")
+    else:
+        op = host_gemm_w16
+
     x, w = _inputs(2, 16, 8, torch.bfloat16)
     with pytest.raises(ValueError, match="bfloat16/float16 weight"):
-        host_gemm_w16(x, w.float())
+        op(x, w.float())
     with pytest.raises(ValueError, match="features"):
-        host_gemm_w16(x[:, :15], w)
+        op(x[:, :15], w)
 
 
 # ---- the per-ISA builds ------------------------------------------------------

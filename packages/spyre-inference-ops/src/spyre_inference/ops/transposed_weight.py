@@ -46,6 +46,7 @@ from torch.nn import Parameter
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
 from spyre_inference.ops import onednn_linear
+from spyre_inference.ops import host_gemm
 from spyre_inference.ops.host_gemm import host_gemm_w16, kernel_unavailable_reason
 from spyre_inference.ops.unused_stage import is_unused_stage
 from spyre_inference.platform.device import host_gemm_dtype, round_up
@@ -175,6 +176,7 @@ class SpyreTransposedWeightMethod:
                 setattr(layer, PACKED_ATTR, True)
             return
         if gemm_dtype == torch.float32 and kernel_unavailable_reason(weight_t.dtype) is None:
+            host_gemm.dispatch()  # the op's C++ kernel needs the build's address
             setattr(layer, HOST_KERNEL_ATTR, True)
         else:
             # A plain attribute, not a buffer: not in the state dict, and not

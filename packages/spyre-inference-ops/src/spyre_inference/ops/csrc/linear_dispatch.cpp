@@ -1,19 +1,23 @@
 // The cpu target's linear ops as C++ kernels: no Python between the block
 // graph and the GEMM.
 //
-// The block graphs call spyre_inference::onednn_linear_t (16-bit weights) or
-// spyre_inference::int8_mm (INT8 W8A8 weights) once per linear layer (120 times
-// per decode step for a 30-layer Llama). Registered from Python, each call went
-// dispatcher -> Python -> dispatcher -> oneDNN (or ctypes -> a host kernel);
-// these kernels go dispatcher -> C++ -> oneDNN or the host kernel directly.
+// The block graphs call spyre_inference::onednn_linear_t (16-bit weights on
+// CPUs with a fast 16-bit GEMM), spyre_inference::host_gemm_w16 (16-bit
+// weights elsewhere) or spyre_inference::int8_mm (INT8 W8A8 weights) once per
+// linear layer (120 times per decode step for a 30-layer Llama). Registered
+// from Python, each call went dispatcher -> Python -> dispatcher -> oneDNN (or
+// ctypes -> a host kernel); these kernels go dispatcher -> C++ -> oneDNN or the
+// host kernel directly.
 //
 // State, set from Python (spyre_inference.ops.onednn_linear) through the ops
 // below, never during a step:
 //  * the oneDNN-packed copy of every [in, out] weight of record, keyed by the
 //    weight's data pointer (packed once at load; replaced after a reload);
 //  * optionally a host GEMM kernel (csrc/host_gemm.c, loaded by ctypes) and
-//    the largest row count it serves: at a few rows oneDNN's fixed per-call
-//    cost dominates a product that only streams the weight once;
+//    the largest row count onednn_linear_t gives it: at a few rows oneDNN's
+//    fixed per-call cost dominates a product that only streams the weight once;
+//  * the host GEMM kernel host_gemm_w16 runs at every row count (a separate
+//    pointer: onednn_linear_t may use none while host_gemm_w16 needs one);
 //  * optionally the INT8 host kernel (csrc/host_int8_mm.c, loaded by ctypes),
 //    its largest row count and inner dimension (int32 sums stay exact).
 #include <ATen/ATen.h>
@@ -44,6 +48,7 @@ std::shared_mutex g_lock;
 std::unordered_map<const void*, at::Tensor> g_packed;
 HostGemm g_host_gemm = nullptr;
 int64_t g_host_gemm_max_rows = 0;
+HostGemm g_host_gemm_w16 = nullptr;
 HostInt8 g_host_int8 = nullptr;
 int64_t g_host_int8_max_rows = 0;
 int64_t g_host_int8_max_k = 0;
@@ -102,6 +107,42 @@ at::Tensor onednn_linear_t(const at::Tensor& x, const at::Tensor& weight_t) {
   return onednn_product(x2, packed).view(shape);
 }
 
+// Same contract as host_gemm.host_gemm_w16_in_python (the fallback without a C++
+// toolchain): x (any leading dimensions) widened to float32, a float32 result.
+at::Tensor host_gemm_w16(const at::Tensor& x, const at::Tensor& weight_t) {
+  TORCH_CHECK_VALUE(weight_t.dim() == 2 && (weight_t.scalar_type() == at::kBFloat16 ||
+                                            weight_t.scalar_type() == at::kHalf),
+                    "host_gemm_w16 takes a 2-D bfloat16/float16 weight, got ",
+                    weight_t.scalar_type(), " ", weight_t.sizes());
+  const int64_t k = weight_t.size(0), n = weight_t.size(1);
+  TORCH_CHECK_VALUE(x.size(-1) == k, "host_gemm_w16: x has ", x.size(-1),
+                    " features, the weight ", k, " rows");
+  HostGemm gemm;
+  {
+    std::shared_lock<std::shared_mutex> read(g_lock);
+    gemm = g_host_gemm_w16;
+  }
+  TORCH_CHECK(gemm != nullptr, "host_gemm_w16: no host GEMM kernel is loaded "
+              "(ops.host_gemm.op_kernel must run first)");
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = n;
+  at::Tensor x2 = x.reshape({-1, k});
+  if (x2.scalar_type() != at::kFloat || x2.stride(1) != 1) {
+    x2 = x2.to(at::kFloat).contiguous();
+  }
+  const at::Tensor w = weight_t.stride(1) == 1 ? weight_t : weight_t.contiguous();
+  const int64_t m = x2.size(0);
+  at::Tensor y = at::empty({m, n}, x2.options().dtype(at::kFloat));
+  if (m > 0 && n > 0) {
+    const int failed = gemm(x2.data_ptr<float>(), m, k, x2.stride(0), w.data_ptr(), n,
+                            w.stride(0), y.data_ptr<float>(), n,
+                            w.scalar_type() == at::kHalf ? 1 : 0, at::get_num_threads());
+    TORCH_CHECK(!failed, "host GEMM [", m, ", ", k, "] x [", k, ", ", n,
+                "]: no memory for its scratch");
+  }
+  return y.view(shape);
+}
+
 // Same contract as host_int8.int8_mm_in_python (the fallback without a C++
 // toolchain): argument errors are ValueErrors, up to the row count Python set
 // (a few where torch._int_mm runs oneDNN, all where it is a scalar loop) on the
@@ -154,6 +195,11 @@ void set_host_gemm(int64_t address, int64_t max_rows) {
   g_host_gemm_max_rows = address ? max_rows : 0;
 }
 
+void set_host_gemm_w16(int64_t address) {
+  std::unique_lock<std::shared_mutex> write(g_lock);
+  g_host_gemm_w16 = reinterpret_cast<HostGemm>(address);
+}
+
 void set_host_int8(int64_t address, int64_t max_rows, int64_t max_k) {
   std::unique_lock<std::shared_mutex> write(g_lock);
   g_host_int8 = reinterpret_cast<HostInt8>(address);
@@ -167,6 +213,7 @@ void set_host_int8(int64_t address, int64_t max_rows, int64_t max_k) {
 // the ops exist with or without this library; this adds their CPU kernels.
 TORCH_LIBRARY_IMPL(spyre_inference, CPU, m) {
   m.impl("onednn_linear_t", &onednn_linear_t);
+  m.impl("host_gemm_w16", &host_gemm_w16);
   m.impl("int8_mm", &int8_mm);
 }
 
@@ -174,5 +221,6 @@ TORCH_LIBRARY_FRAGMENT(spyre_inference_native, m) {
   m.def("register_packed(Tensor weight_t, Tensor packed) -> ()", &register_packed);
   m.def("forget_packed(int address) -> ()", &forget_packed);
   m.def("set_host_gemm(int address, int max_rows) -> ()", &set_host_gemm);
+  m.def("set_host_gemm_w16(int address) -> ()", &set_host_gemm_w16);
   m.def("set_host_int8(int address, int max_rows, int max_k) -> ()", &set_host_int8);
 }
