@@ -23,6 +23,14 @@ from vllm.lora.request import LoRARequest
 from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 from tests.serving import serve
 
+
+@pytest.fixture
+def llm_in_process() -> bool:
+    """``make_llm`` engines in this process: the subject is what the engine computes
+    (the engine process as served is the rest of ``tests/``'s subject)."""
+    return True
+
+
 RANK = 8
 ALPHA = 16
 TARGETS = ("q_proj", "v_proj", "down_proj")

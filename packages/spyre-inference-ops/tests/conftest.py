@@ -13,15 +13,38 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def vllm_env():
-    """A default VllmConfig made current, a 1-rank gloo group, swaps registered."""
+    """A default VllmConfig made current, a 1-rank gloo group, swaps registered.
+
+    Per test, not per session: an engine in the test's process (``llm_in_process``)
+    tears the process's groups down when it shuts down."""
     from spyre_inference.ops import register_ops
     from spyre_inference.testing.layer_env import single_rank_vllm
 
     register_ops()
     with single_rank_vllm("spyre-ops-dist-") as config:
         yield config
+
+
+@pytest.fixture(scope="module")
+def module_vllm_env():
+    """``vllm_env`` for a module's shared fixtures (a model built once per module);
+    such a module starts no engine in the test's process."""
+    from spyre_inference.ops import register_ops
+    from spyre_inference.testing.layer_env import single_rank_vllm
+
+    register_ops()
+    with single_rank_vllm("spyre-ops-dist-") as config:
+        yield config
+
+
+@pytest.fixture
+def llm_in_process() -> bool:
+    """``make_llm`` engines in the test's process: these tests are about what the
+    swapped layers compute; the engine process as deployed is covered end to end
+    (``tests/``). Modules whose subject is per-process state override it."""
+    return True
 
 
 @pytest.fixture

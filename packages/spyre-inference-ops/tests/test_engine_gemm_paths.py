@@ -29,6 +29,14 @@ from spyre_inference.testing import (
     hf_greedy_with_logprobs,
 )
 
+
+@pytest.fixture
+def llm_in_process() -> bool:
+    """Engines in their own process here: the GEMM path and the kernel builds are
+    chosen once per process."""
+    return False
+
+
 MAX_TOKENS = 12
 PROMPTS = TEST_PROMPTS[:4]
 

@@ -17,6 +17,14 @@ from ops_engine_util import assert_all_swapped, greedy, module_classes
 
 from spyre_inference.testing import TEST_PROMPTS, hf_greedy
 
+
+@pytest.fixture
+def llm_in_process() -> bool:
+    """Engines in their own process here: the subject is which plugins an engine
+    process loads, and the test's process has loaded every installed one."""
+    return False
+
+
 MAX_TOKENS = 12
 
 

@@ -46,7 +46,7 @@ def hf_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def loaded(vllm_env, hf_checkpoint):
+def loaded(module_vllm_env, hf_checkpoint):
     """vLLM's LlamaForCausalLM built and loaded the way the model runner does."""
     from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.model_loader import get_model_loader
