@@ -45,8 +45,7 @@ import torch.nn.functional as F
 from torch.nn import Parameter
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
-from spyre_inference.ops import onednn_linear
-from spyre_inference.ops import host_gemm
+from spyre_inference.ops import host_gemm, onednn_linear
 from spyre_inference.ops.host_gemm import host_gemm_w16, kernel_unavailable_reason
 from spyre_inference.ops.unused_stage import is_unused_stage
 from spyre_inference.platform.device import host_gemm_dtype, round_up
