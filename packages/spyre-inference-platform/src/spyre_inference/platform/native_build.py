@@ -205,16 +205,30 @@ def load_torch_extension(
     from torch.utils.cpp_extension import load
 
     text = source.read_bytes()
-    key = hashlib.sha256(text + torch.__version__.encode() + " ".join(cflags).encode()).hexdigest()[
-        :12
-    ]
+    # One build per source text, torch installation and flags. The installation's
+    # path is part of the key because ninja rebuilds whenever the compile command
+    # changes, and the command names that torch's include directories: builds
+    # from several venvs sharing one directory rebuilt each other in turn (every
+    # nox session of a CI run paid 15-40 s per library).
+    torch_home = str(Path(torch.__file__).resolve().parent)
+    key = hashlib.sha256(
+        text + torch.__version__.encode() + torch_home.encode() + " ".join(cflags).encode()
+    ).hexdigest()[:12]
     name = f"spyre_{source.stem}_{key}"
     build_dir = kernel_cache_dir() / f"{source.stem}-{key}"
     build_dir.mkdir(parents=True, exist_ok=True)
+    # Compiled from a copy in the build directory, written once: the installed
+    # file's path and mtime change with every reinstall, and ninja rebuilds for
+    # either.
+    staged = build_dir / source.name
+    if not staged.exists():
+        partial = build_dir / f".{source.name}.{os.getpid()}"
+        partial.write_bytes(text)
+        os.replace(partial, staged)
     try:
         return load(
             name=name,
-            sources=[str(source)],
+            sources=[str(staged)],
             extra_cflags=list(cflags),
             build_directory=str(build_dir),
             is_python_module=python_module,
