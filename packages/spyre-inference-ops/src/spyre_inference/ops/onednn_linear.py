@@ -159,8 +159,6 @@ def kernel() -> str:
     global _host_rows
     _host_rows = rows if address else 0
     torch.ops.spyre_inference_native.set_host_gemm(address, _host_rows)
-    # The library also serves host_gemm_w16 from now on: give it its kernel.
-    host_gemm.dispatch()
     logger.info(
         "cpu target: oneDNN linear op in C++%s",
         f", products of <= {rows} rows on the host GEMM kernel ({host_gemm.kernel_isa()} build)"

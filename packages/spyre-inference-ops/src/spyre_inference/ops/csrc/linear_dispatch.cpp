@@ -123,7 +123,7 @@ at::Tensor host_gemm_w16(const at::Tensor& x, const at::Tensor& weight_t) {
     gemm = g_host_gemm_w16;
   }
   TORCH_CHECK(gemm != nullptr, "host_gemm_w16: no host GEMM kernel is loaded "
-              "(ops.host_gemm.op_kernel must run first)");
+              "(ops.host_gemm.dispatch must run first)");
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = n;
   at::Tensor x2 = x.reshape({-1, k});
