@@ -10,7 +10,7 @@ collectives into each block's graph (functional collectives); eager runs call
 them directly.
 
 float32 makes the comparison exact: TP=2 must produce the same greedy tokens as
-Hugging Face transformers (which TP=1 equals, in other tests) on every test prompt (summing two
+Hugging Face transformers (which TP=1 equals, in other tests; summing two
 float32 partial products instead of one full one moves logits by ~1e-6, far
 below the top-1 margins of these models). bfloat16, the cpu target's default,
 is compared with the near-tie tolerance of ``assert_greedy_close``.
@@ -85,29 +85,17 @@ def _check_two_workers(llm: Any) -> None:
     assert all(w["threads"] == host_threads(TP) for w in workers), workers
 
 
-def test_tp2_greedy_equals_hf(tiny_llama, make_llm) -> None:
-    """Compiled blocks (the default): collectives inside the graphs.
-
-    TP=1 on the same model and prompts equals transformers in
-    ``tests/test_generate_vs_hf.py``; TP=2 must equal it too.
-    """
-    want = hf_greedy(tiny_llama, TEST_PROMPTS, MAX_TOKENS, "float32")
-    tp2 = make_llm(tiny_llama, dtype="float32", tensor_parallel_size=TP)
-    _check_two_workers(tp2)
-    got_tp2 = _greedy(tp2, TEST_PROMPTS)
-    mismatches = {i: (want[i], got_tp2[i]) for i in range(len(want)) if got_tp2[i] != want[i]}
-    assert not mismatches, mismatches
-
-
-# --enforce-eager at TP=2 (the collectives' eager paths, list-form all-gather),
-# float32, equal to transformers: tests/test_examples.py's
-# test_tensor_parallel_equals_hf runs examples/tensor_parallel.py that way.
-
-
 def test_tp2_bfloat16_close_to_hf(tiny_llama, make_llm) -> None:
-    """The cpu target's default dtype; bfloat16 all-reduces may flip near-ties only."""
+    """Compiled blocks (the default) in the default dtype: collectives inside the graphs.
+
+    Two worker processes sharing the cores; bfloat16 all-reduces may flip
+    near-ties only. Exact float32 TP=2 is the served model below (compiled) and
+    ``tests/test_examples.py``'s ``test_tensor_parallel_equals_hf``
+    (``--enforce-eager``: the collectives' eager paths, list-form all-gather).
+    """
     reference = hf_greedy_with_logprobs(tiny_llama, TEST_PROMPTS, MAX_TOKENS, "float32")
     llm = make_llm(tiny_llama, tensor_parallel_size=TP)
+    _check_two_workers(llm)
     exact = assert_greedy_close(reference, _greedy(llm, TEST_PROMPTS), max_logprob_gap=0.1)
     assert exact >= len(TEST_PROMPTS) // 2
 
