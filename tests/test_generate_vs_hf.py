@@ -24,9 +24,35 @@ def llm_in_process() -> bool:
     return True
 
 
-@pytest.mark.parametrize("kind", ["llama", "granite", "mistral", "granitemoe", "falcon"])
-def test_greedy_equals_hf(kind: str, tiny_model_factory, make_llm) -> None:
-    model = tiny_model_factory(kind)
+#: Test id -> tiny model kind and config overrides.
+CASES = {
+    "llama": ("llama", {}),
+    "granite": ("granite", {}),
+    "mistral": ("mistral", {}),
+    "granitemoe": ("granitemoe", {}),
+    "falcon": ("falcon", {}),
+    # The RoPE pair form: partial (StableLM's quarter of the head, Phi-4-mini's
+    # three quarters) and interleaved over half the head (GLM-4).
+    "stablelm": ("stablelm", {}),
+    "glm4": ("glm4", {}),
+    "phi3_partial_rope": (
+        "phi3",
+        {
+            "num_attention_heads": 4,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.75,
+            },
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_equals_hf(case: str, tiny_model_factory, make_llm) -> None:
+    kind, overrides = CASES[case]
+    model = tiny_model_factory(kind, **overrides)
     llm = make_llm(model, dtype="float32")
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     outputs = llm.generate(list(TEST_PROMPTS), params)

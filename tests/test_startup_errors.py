@@ -56,6 +56,26 @@ def config_only(tmp_path_factory):
                 "partial_rotary_factor": 0.5,
             },
         ),
+        # Phi-2's shape: head 80 (stick-padded to 128), a rotary share of 0.4.
+        "partial_rope_padded_head": tiny_config(
+            "llama",
+            head_dim=80,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.4,
+            },
+        ),
+        # GPT-NeoX (Pythia): partial rotary; vLLM 0.33 builds it with its Transformers backend.
+        "partial_rope_transformers_backend": _small(
+            "gpt_neox",
+            "GPTNeoXForCausalLM",
+            hidden_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=512,
+            rotary_pct=0.25,
+        ),
         # BLOOM: ALiBi, head_dim = hidden_size / n_head.
         "alibi": _small("bloom", "BloomForCausalLM", hidden_size=256, n_layer=2, n_head=4),
         "odd_head": _small("bloom", "BloomForCausalLM", hidden_size=252, n_layer=2, n_head=4),
@@ -282,16 +302,25 @@ def test_gemma2_in_float16_keeps_vllms_refusal_on_the_cpu_target(config_only) ->
     assert _config(config_only["gemma2"], dtype="bfloat16").model_config is not None
 
 
-def test_interleaved_rope_is_rejected(config_only) -> None:
-    expected = r"CohereForCausalLM .*is_neox_style=False.*serve a model with neox-style RoPE"
-    with pytest.raises(ValueError, match=expected):
-        _config(config_only["interleaved_rope"])
+def test_interleaved_and_partial_rope_are_accepted(config_only) -> None:
+    """The ops package's pair form serves them (its tests compare with vLLM's RoPE)."""
+    assert _config(config_only["interleaved_rope"]).model_config is not None
+    assert _config(config_only["partial_rope"]).model_config is not None
 
 
-def test_partial_rope_is_rejected(config_only) -> None:
-    expected = r"partial_rotary_factor=0.5 .*serve a model with neox-style RoPE over the full"
+def test_partial_rope_on_a_padded_head_is_rejected(config_only) -> None:
+    expected = (
+        r"partial_rotary_factor=0.4 .*head_dim 80 is not a whole number of 64-element "
+        r"sticks.*multiple of 64"
+    )
     with pytest.raises(ValueError, match=expected):
-        _config(config_only["partial_rope"])
+        _config(config_only["partial_rope_padded_head"])
+
+
+def test_partial_rope_through_the_transformers_backend_is_rejected(config_only) -> None:
+    expected = r"partial_rotary_factor=0.25 .*Transformers backend.*model_impl='vllm'"
+    with pytest.raises(ValueError, match=expected):
+        _config(config_only["partial_rope_transformers_backend"])
 
 
 def test_head_size_that_cannot_be_padded_is_rejected(config_only) -> None:

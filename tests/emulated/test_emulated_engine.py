@@ -73,7 +73,7 @@ def _serve_greedy(llm: LLM, prompts: list[str]) -> tuple[list[list[int]], tuple[
     return got, moved
 
 
-@pytest.mark.parametrize("kind", ["llama", "granite", "gemma2"])
+@pytest.mark.parametrize("kind", ["llama", "granite", "gemma2", "glm4"])
 def test_greedy_close_to_transformers_float16(kind, tiny_model_factory, in_process) -> None:
     """Gemma 2 too: vLLM refuses it in float16, the card path lifts that refusal
     (platform.float16_models) since the card has no other dtype."""

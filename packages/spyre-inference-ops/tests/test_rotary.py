@@ -171,32 +171,56 @@ def test_rope_traces_into_one_graph(vllm_env):
     assert any("index_select" in op for op in ops)
 
 
-@pytest.mark.parametrize(
-    "head,rotary_dim,neox,needle",
-    [
-        (HEAD, HEAD, False, "is_neox_style=False"),
-        (HEAD, HEAD // 2, True, "rotary_dim=32"),
-    ],
-    ids=["gptj_style", "partial_rotary"],
-)
-def test_unsupported_rope_raises_at_construction(vllm_env, head, rotary_dim, neox, needle):
-    import vllm.model_executor.layers.rotary_embedding as rope
+#: (rotary_dim, is_neox_style) of the pair form: partial neox (StableLM, Phi-4-mini),
+#: full interleaved (Command-R, GLM-4), partial interleaved (GPT-J).
+PAIR_FORMS = {
+    "partial_neox": (HEAD // 4, True),
+    "interleaved": (HEAD, False),
+    "partial_interleaved": (HEAD // 2, False),
+}
 
-    with pytest.raises(NotImplementedError, match=needle) as info:
-        _rope("RotaryEmbedding", torch.float32, head=head, rotary_dim=rotary_dim, neox=neox)
-    assert "SpyreRotaryEmbedding" in str(info.value)
-    with pytest.raises(NotImplementedError, match=needle):
-        _rope(
-            "Llama3RotaryEmbedding",
-            torch.float32,
-            head=head,
-            rotary_dim=rotary_dim,
-            neox=neox,
-            **LLAMA3,
-        )
-    with pytest.raises(NotImplementedError, match=needle) as info:
-        rope.YaRNScalingRotaryEmbedding(head, rotary_dim, 64, 1e4, neox, 4.0, torch.float32)
-    assert "SpyreYaRNScalingRotaryEmbedding" in str(info.value)
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("form", sorted(PAIR_FORMS))
+@pytest.mark.parametrize("cls_name", ["RotaryEmbedding", "Llama3RotaryEmbedding"])
+def test_pair_form_matches_upstream(vllm_env, cls_name, form, dtype):
+    """Partial and interleaved RoPE: bit for bit upstream's forward_native."""
+    rotary_dim, neox = PAIR_FORMS[form]
+    kwargs = LLAMA3 if cls_name == "Llama3RotaryEmbedding" else {}
+    spyre = _rope(cls_name, dtype, rotary_dim=rotary_dim, neox=neox, **kwargs)
+    with upstream_layers():
+        upstream = _rope(cls_name, dtype, rotary_dim=rotary_dim, neox=neox, **kwargs)
+    assert type(spyre).__name__ == f"Spyre{cls_name}"
+    assert type(upstream).__name__ == cls_name
+    # Whole-head tables and a [head, head] permutation: nothing at the rotary width.
+    assert spyre.rotation_cache.shape == (spyre.cos_sin_cache.shape[0], 2, HEAD)
+    assert spyre.partner.shape == (HEAD, HEAD)
+    assert torch.equal(spyre.partner.sum(0), torch.ones(HEAD, dtype=dtype))
+
+    g = torch.Generator().manual_seed(1)
+    positions = torch.randint(0, MAX_POS, (7,), generator=g)
+    q = torch.randn(7, 4 * HEAD, generator=g).to(dtype)
+    k = torch.randn(7, 2 * HEAD, generator=g).to(dtype)
+    out_q, out_k = spyre(positions, q.clone(), k.clone())
+    ref_q, ref_k = upstream.forward_native(positions, q.clone(), k.clone())
+    assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
+    # The entries past the rotary width pass through unchanged.
+    heads = out_q.view(7, 4, HEAD)[..., rotary_dim:]
+    assert torch.equal(heads, q.view(7, 4, HEAD)[..., rotary_dim:])
+
+
+def test_pair_form_traces_into_one_graph(vllm_env):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    spyre = _rope("RotaryEmbedding", torch.float32, rotary_dim=HEAD // 2, neox=False)
+    counter = CompileCounterWithBackend("eager")
+    compiled = torch.compile(spyre, backend=counter, fullgraph=True, dynamic=False)
+    positions = torch.arange(4)
+    q, k = torch.randn(4, 2 * HEAD), torch.randn(4, HEAD)
+    out_q, out_k = compiled(positions, q, k)
+    ref_q, ref_k = spyre(positions, q, k)
+    assert counter.frame_count == 1
+    assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
 
 
 def test_linear_scaling_with_several_factors_is_refused(vllm_env):

@@ -103,7 +103,7 @@ def _attention_checkpoint(seed=0):
     return {"q": q, "k": k, "v": v}, bias, o
 
 
-def _attention_block(head, dtype, ckpt, *, fused=False):
+def _attention_block(head, dtype, ckpt, *, fused=False, neox=True):
     from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
     from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
@@ -111,7 +111,7 @@ def _attention_block(head, dtype, ckpt, *, fused=False):
     with default_dtype(dtype):
         qkv = QKVParallelLinear(HIDDEN, head, HEADS, KV_HEADS, bias=True)
         o_proj = RowParallelLinear(HEADS * head, HIDDEN, bias=False)
-        rope = RotaryEmbedding(head, head, MAX_POS, 10000.0, True, dtype)
+        rope = RotaryEmbedding(head, head, MAX_POS, 10000.0, neox, dtype)
     if fused:
         fused_w = torch.cat([weights[s] for s in "qkv"]).to(dtype)
         qkv.weight.weight_loader(qkv.weight, fused_w)
@@ -142,13 +142,19 @@ def _run_attention(block, head, scale, x, positions):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("fused", [False, True], ids=["per_shard", "fused_ckpt"])
-def test_padded_attention_block_matches_unpadded(vllm_env, dtype, fused):
+@pytest.mark.parametrize(
+    ("fused", "neox"),
+    [(False, True), (True, True), (False, False)],
+    ids=["per_shard", "fused_ckpt", "interleaved_rope"],
+)
+def test_padded_attention_block_matches_unpadded(vllm_env, dtype, fused, neox):
+    """Interleaved (GPT-J-style) RoPE takes the pair form, which maps its pairs
+    into the padded ``[x1, 0, x2, 0]`` head; neox takes the 2x2 form."""
     ckpt = _attention_checkpoint()
     with upstream_layers():
-        reference = _attention_block(HEAD, dtype, ckpt)
+        reference = _attention_block(HEAD, dtype, ckpt, neox=neox)
     with padded_config(PLAN) as config:
-        padded = _attention_block(PADDED_HEAD, dtype, ckpt, fused=fused)
+        padded = _attention_block(PADDED_HEAD, dtype, ckpt, fused=fused, neox=neox)
         # What the attention backend will be handed: the model's own scale,
         # derived from the widened head_dim.
         scale = attention_scale(PADDED_HEAD, PADDED_HEAD**-0.5)
@@ -161,12 +167,18 @@ def test_padded_attention_block_matches_unpadded(vllm_env, dtype, fused):
     qkv, rope, o_proj = padded
     assert qkv.weight.shape == (HIDDEN, (HEADS + 2 * KV_HEADS) * PADDED_HEAD)
     assert o_proj.weight.shape == (HEADS * PADDED_HEAD, HIDDEN)
-    assert rope.rotation_cache.shape == (MAX_POS, 2, 2, PADDED_HEAD // 2)
-    # Pad frequencies are the identity rotation.
-    assert torch.equal(
-        rope.rotation_cache[:, 0, 0, HEAD // 2 :], torch.ones(MAX_POS, 16, dtype=dtype)
-    )
-    assert not rope.rotation_cache[:, 0, 1, HEAD // 2 :].any()
+    if neox:
+        assert rope.rotation_cache.shape == (MAX_POS, 2, 2, PADDED_HEAD // 2)
+        # Pad frequencies are the identity rotation.
+        assert torch.equal(
+            rope.rotation_cache[:, 0, 0, HEAD // 2 :], torch.ones(MAX_POS, 16, dtype=dtype)
+        )
+        assert not rope.rotation_cache[:, 0, 1, HEAD // 2 :].any()
+    else:
+        assert rope.rotation_cache.shape == (MAX_POS, 2, PADDED_HEAD)
+        pads = torch.cat((torch.arange(16, 32), torch.arange(48, 64)))
+        assert torch.equal(rope.rotation_cache[:, 0, pads], torch.ones(MAX_POS, 32, dtype=dtype))
+        assert not rope.rotation_cache[:, 1, pads].any()
 
     g = torch.Generator().manual_seed(1)
     x = torch.randn(11, HIDDEN, generator=g).to(dtype)
@@ -178,6 +190,14 @@ def test_padded_attention_block_matches_unpadded(vllm_env, dtype, fused):
     q_padded = q_padded.view(11, HEADS, 2, PADDED_HEAD // 2)
     torch.testing.assert_close(q_padded[..., : HEAD // 2].reshape(11, -1), q_ref, **tol(dtype))
     assert not q_padded[..., HEAD // 2 :].any()
+
+
+def test_partial_rope_on_a_padded_head_raises_at_construction(vllm_env):
+    """vLLM derives a partial rotary width from the widened head: refused."""
+    from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
+
+    with padded_config(PLAN), pytest.raises(NotImplementedError, match="partial rotary"):
+        RotaryEmbedding(PADDED_HEAD, PADDED_HEAD // 2, MAX_POS, 10000.0, True, torch.float32)
 
 
 def test_padded_llama3_rope_keeps_original_frequencies(vllm_env):

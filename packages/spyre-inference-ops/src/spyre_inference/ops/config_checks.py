@@ -1,10 +1,20 @@
-"""Start-up check of the ops package: the model's RoPE must be one Spyre's form can rotate.
+"""Start-up check of the ops package: the model's RoPE must be one Spyre's forms can rotate.
 
 Published in the core's entry-point group ``spyre_inference.config_checks``;
 the platform runs it from ``check_and_update_config``, in the user's process,
 before an engine starts. :class:`~spyre_inference.ops.rotary.SpyreRotaryEmbedding`
 refuses the same configurations when a layer is built, but that happens in the
 engine process, where the message reaches the user only through the log.
+
+The ops package rotates neox full-head RoPE in its 2x2 form and partial or
+interleaved (GPT-J-style) RoPE in its pair form (:mod:`spyre_inference.ops.rotary`).
+Two cases remain refused:
+
+* partial rotary on a head that stick padding widens: vLLM derives the rotary
+  width from the (widened) head size, so it would rotate the wrong entries;
+* partial or interleaved rotary in a model vLLM builds with its Transformers
+  backend: there Hugging Face's attention code applies RoPE, and the Spyre
+  replacement (the models package) implements the neox full-head form only.
 
 What the config says about RoPE, read the way vLLM 0.33 reads it:
 
@@ -13,11 +23,10 @@ What the config says about RoPE, read the way vLLM 0.33 reads it:
   vLLM's ``patch_rope_parameters`` also moves the legacy ``rotary_pct`` /
   ``rotary_emb_fraction`` names), except for Gemma 4's ``proportional`` type,
   which rotates the whole head with the identity on the pairs past the factor;
-* interleaved (GPT-J-style, ``is_neox_style=False``): not in the config; each
-  vLLM model class passes it. :data:`INTERLEAVED_ROPE_ARCHITECTURES` lists the
+* interleaved (``is_neox_style=False``): not in the config; each vLLM model
+  class passes it. :data:`INTERLEAVED_ROPE_ARCHITECTURES` lists the
   text-generation classes of vLLM 0.33 that always do (ChatGLM does when its
-  config sets ``original_rope``). An architecture missing from the list still
-  fails when its RoPE layer is built.
+  config sets ``original_rope``).
 """
 
 from __future__ import annotations
@@ -25,7 +34,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from spyre_inference.platform import discovery
+from spyre_inference.platform import discovery, stick_pad
+from spyre_inference.platform.device import STICK_ELEMS
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -49,11 +59,9 @@ INTERLEAVED_ROPE_ARCHITECTURES = frozenset(
 FULL_HEAD_PARTIAL_ROPE_TYPES = frozenset({"proportional"})
 _CHATGLM_ARCHITECTURES = frozenset({"ChatGLMModel", "ChatGLMForConditionalGeneration"})
 
-_FIX = (
-    "spyre-inference's RoPE (the ops package) rotates the two halves of the whole head "
-    "(neox style) only; serve a model with neox-style RoPE over the full head "
-    "(Llama, Granite, Mistral, Qwen3, Gemma, ...)."
-)
+#: vLLM's Transformers backend classes live under this module.
+_TRANSFORMERS_BACKEND_MODULE = "vllm.model_executor.models.transformers"
+_NATIVE_MODULES = "vllm.model_executor.models."
 
 
 class RotaryConfigError(ValueError):
@@ -77,8 +85,35 @@ def _architectures(model_config: Any) -> set[str]:
     return names
 
 
+def _built_by_vllm(model_config: Any) -> bool:
+    """Whether the resolved class is one of vLLM's own models (not its Transformers
+    backend, not a plugin's class): those build their RoPE with ``get_rope``."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    module = getattr(ModelRegistry.models.get(model_config.architecture), "module_name", "")
+    return module.startswith(_NATIVE_MODULES) and not module.startswith(
+        _TRANSFORMERS_BACKEND_MODULE
+    )
+
+
+def _partial_setting(text_config: Any, head_size: int) -> str | None:
+    """How the config asks for partial rotary, or None for a full-head rotation."""
+    for params in _rope_parameter_sets(text_config):
+        if params.get("rope_type") in FULL_HEAD_PARTIAL_ROPE_TYPES:
+            continue
+        rope_dim = params.get("rope_dim")
+        factor = params.get(
+            "partial_rotary_factor", getattr(text_config, "partial_rotary_factor", 1.0)
+        )
+        if rope_dim is not None and int(rope_dim) != head_size:
+            return f"rope_dim={rope_dim} (head_dim {head_size})"
+        if rope_dim is None and factor is not None and float(factor) != 1.0:
+            return f"partial_rotary_factor={factor}"
+    return None
+
+
 def check_rotary(vllm_config: VllmConfig) -> None:
-    """Refuse interleaved or partial RoPE when the ops package's RoPE will be used."""
+    """Refuse the RoPE forms the ops package's rotary embedding cannot serve (see above)."""
     model_config = vllm_config.model_config
     if model_config is None or not discovery.general_plugin_enabled("spyre_ops"):
         return  # vLLM's own RoPE runs (no swap, no restriction)
@@ -88,29 +123,30 @@ def check_rotary(vllm_config: VllmConfig) -> None:
     if not interleaved and archs & _CHATGLM_ARCHITECTURES:
         if getattr(text_config, "original_rope", False):
             interleaved = archs & _CHATGLM_ARCHITECTURES
-    if interleaved:
-        raise RotaryConfigError(
-            f"architecture {sorted(interleaved)[0]} (the model's config.json) builds its "
-            f"rotary embedding GPT-J-style (interleaved, is_neox_style=False). {_FIX}"
-        )
-
     head_size = model_config.get_head_size()
-    for params in _rope_parameter_sets(text_config):
-        if params.get("rope_type") in FULL_HEAD_PARTIAL_ROPE_TYPES:
-            continue
-        rope_dim = params.get("rope_dim")
-        factor = params.get(
-            "partial_rotary_factor", getattr(text_config, "partial_rotary_factor", 1.0)
-        )
-        if rope_dim is not None and int(rope_dim) != head_size:
-            setting = f"rope_dim={rope_dim} (head_dim {head_size})"
-        elif rope_dim is None and factor is not None and float(factor) != 1.0:
-            setting = f"partial_rotary_factor={factor}"
-        else:
-            continue
+    partial = _partial_setting(text_config, head_size)
+    if not (interleaved or partial):
+        return
+    what = (
+        f"{partial} in the model's rope parameters (config.json) rotates only part of each "
+        "head (partial rotary)"
+        if partial
+        else f"architecture {sorted(interleaved)[0]} (the model's config.json) builds its "
+        "rotary embedding GPT-J-style (interleaved pairs)"
+    )
+    if not _built_by_vllm(model_config):
         raise RotaryConfigError(
-            f"{setting} in the model's rope parameters (config.json) rotates only part of "
-            f"each head (partial rotary). {_FIX}"
+            f"{what}, and vLLM builds {model_config.architecture} with its Transformers "
+            "backend, where spyre-inference's rotary replacement handles neox-style RoPE "
+            "over the whole head only. Serve a model vLLM implements natively "
+            "(model_impl='vllm'), or one with full-head neox RoPE."
+        )
+    if partial and stick_pad.head_dim_to_pad(vllm_config) is not None:
+        raise RotaryConfigError(
+            f"{what}, and head_dim {head_size} is not a whole number of "
+            f"{STICK_ELEMS}-element sticks: the plugin widens such heads, and vLLM would "
+            "derive the rotary width from the widened head. Serve a checkpoint whose "
+            f"head_dim is a multiple of {STICK_ELEMS}, or one with full-head RoPE."
         )
 
 

@@ -26,12 +26,28 @@ upstream ``__init__`` runs, then the rotation cache is built from its table
 short-or-long choice per engine, so its table is one of two and it joins the
 family the same way.
 
-Only neox-style, full-width rotary is supported: the 2x2 form pairs the two
-halves of a whole head. Anything else raises ``NotImplementedError`` when the
-layer is built, naming the configuration. With head-dim stick padding
-(``spyre_inference.platform.stick_pad``) the cache keeps the *original*
-frequencies and gives the padded entries of each half the identity rotation;
-the padded Q/K entries are zero, so they stay zero.
+Neox-style rotary over the full head, what most checkpoints use, takes that
+2x2 form. The rest (partial rotary, as StableLM, Phi-4-mini and Nemotron
+rotate a leading share of each head; GPT-J-style interleaved pairs, as GPT-J,
+Command-R and GLM-4) takes the *pair* form: per position a ``cos`` and a signed
+``sin`` row over the whole head (1 and 0 where an entry does not rotate), and
+each entry's partner gathered by one ``[head, head]`` permutation matmul::
+
+    out = x * cos_row + (x @ partner) * sin_row
+
+Every tensor spans whole heads, so nothing is sliced at the rotary width or
+at odd offsets (Spyre moves 64-element sticks), and the partner gather is a
+matmul the card runs natively rather than an index on the stick axis. The
+matmul is exact: one product with 1.0 per output. The products and sums are
+upstream's (``x1*cos - x2*sin``, ``x2*cos + x1*sin``) and the pass-through
+entries come out as ``x*1 + x'*0``. Only checkpoints whose RoPE is not the
+neox full-head kind pay for the matmul.
+
+With head-dim stick padding (``spyre_inference.platform.stick_pad``) the cache
+keeps the *original* frequencies and gives the padded entries of each half the
+identity rotation; the padded Q/K entries are zero, so they stay zero. A
+partial rotary head that needs padding is refused at start-up (vLLM derives
+the rotary width from the padded head; ``spyre_inference.ops.config_checks``).
 """
 
 from __future__ import annotations
@@ -93,6 +109,55 @@ def rotate_neox_2x2(x: torch.Tensor, rotation: torch.Tensor, head_size: int) -> 
     return out.reshape(shape)
 
 
+def _padded_index(index: torch.Tensor, pad: DimPad | None) -> torch.Tensor:
+    """Where an entry of the original head sits in the stick-padded one (``[x1, 0, x2, 0]``)."""
+    if pad is None:
+        return index
+    half, half_padded = pad.original // 2, pad.padded // 2
+    return torch.where(index < half, index, index - half + half_padded)
+
+
+def pair_rotation_tables(
+    cos_sin: torch.Tensor, head_size: int, neox: bool, pad: DimPad | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pair form's tables: ``[P, 2, head]`` (cos row, signed sin row) and the
+    ``[head, head]`` partner permutation, ``(x @ partner)[..., c] = x[..., partner_of(c)]``.
+
+    ``cos_sin`` is upstream's ``[P, rotary_dim]`` table (cos | sin halves) over
+    the first ``rotary_dim`` entries of the original head; neox pairs entry
+    ``j`` with ``j + rotary_dim/2``, interleaved pairs ``2j`` with ``2j + 1``.
+    ``head_size`` is the head the model is built with (``pad.padded`` under padding).
+    """
+    rows, rotary_dim = cos_sin.shape
+    half = rotary_dim // 2
+    cos, sin = cos_sin.chunk(2, dim=-1)
+    j = torch.arange(half)
+    first, second = (j, j + half) if neox else (2 * j, 2 * j + 1)
+    first, second = _padded_index(first, pad), _padded_index(second, pad)
+    cos_row = cos_sin.new_ones(rows, head_size)
+    sin_row = cos_sin.new_zeros(rows, head_size)
+    cos_row[:, first], cos_row[:, second] = cos, cos
+    sin_row[:, first], sin_row[:, second] = -sin, sin
+    partner_of = torch.arange(head_size)
+    partner_of[first], partner_of[second] = second, first
+    partner = cos_sin.new_zeros(head_size, head_size)
+    partner[partner_of, torch.arange(head_size)] = 1.0
+    return torch.stack((cos_row, sin_row), dim=1).contiguous(), partner
+
+
+def rotate_pairs(
+    x: torch.Tensor, tables: torch.Tensor, partner: torch.Tensor, head_size: int
+) -> torch.Tensor:
+    """Rotate every head of ``x`` (``[tokens, heads * head_size]`` or ``[tokens, heads,
+    head_size]``) in the pair form: ``x * cos_row + (x @ partner) * sin_row`` with the
+    per-token ``tables`` (``[tokens, 2, head_size]``)."""
+    shape = x.shape
+    heads = x.reshape(tables.shape[0], -1, head_size)
+    swapped = torch.matmul(heads, partner)
+    out = heads * tables[:, None, 0] + swapped * tables[:, None, 1]
+    return out.reshape(shape)
+
+
 def _max_model_len() -> int | None:
     """``max_model_len`` of the configuration being built, if any."""
     from vllm.config import get_current_vllm_config_or_none
@@ -119,6 +184,8 @@ class _SpyreRotaryMixin:
     dtype: torch.dtype
     cos_sin_cache: torch.Tensor
     rotation_cache: torch.Tensor
+    #: The pair form's ``[head, head]`` permutation; None in the 2x2 form.
+    partner: torch.Tensor | None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
@@ -127,19 +194,21 @@ class _SpyreRotaryMixin:
 
     def _check_supported(self) -> None:
         name = type(self).__name__
-        if not self.is_neox_style or self.rotary_dim != self.head_size:
+        if self.rotary_dim != self.head_size and self._head_pad() is not None:
             raise NotImplementedError(
-                f"{name} supports only neox-style rotary over the full head; got "
-                f"head_size={self.head_size}, rotary_dim={self.rotary_dim}, "
-                f"is_neox_style={self.is_neox_style}. Spyre's 2x2 rotation pairs the two "
-                "halves of a whole head: GPT-J-style (interleaved) and partial rotary "
-                "embeddings are not implemented."
+                f"{name}: partial rotary (rotary_dim={self.rotary_dim}) on a head padded to "
+                "whole sticks is not supported: the rotary width was derived from the "
+                "padded head."
             )
         if getattr(self, "cos_sin_cache", None) is None:
             raise NotImplementedError(
                 f"{name} builds its rotation cache at construction; init_cache=False is "
                 "not supported."
             )
+
+    def _uses_2x2(self) -> bool:
+        """Neox pairs over the whole head: the 2x2 form; anything else: the pair form."""
+        return self.is_neox_style and self.rotary_dim == self.head_size
 
     def _head_pad(self) -> DimPad | None:
         plan = current_plan()
@@ -158,21 +227,28 @@ class _SpyreRotaryMixin:
             # The model was built with the padded head size, so upstream's
             # cache spreads frequencies over the padded width. Recompute them
             # over the original width (upstream's own formula, including its
-            # scaling) and give each half's pad the identity rotation.
+            # scaling); the padded entries get the identity rotation below.
             padded_dim = self.rotary_dim
             self.rotary_dim = pad.original
             try:
-                original = self._recompute_table()
+                original = self._recompute_table().to(self.dtype)
             finally:
                 self.rotary_dim = padded_dim
-            self.cos_sin_cache = pad_table_halves(original, pad).to(self.dtype)
+            self.cos_sin_cache = pad_table_halves(original, pad) if self._uses_2x2() else original
         # Scaled variants tabulate max_position_embeddings * factor positions
         # (131k for a YaRN x4 Qwen2.5, a million for Gemma 3 27B's linear x8);
         # positions never reach max_model_len, and the card holds what is kept.
         rows = _max_model_len()
         if rows is not None and rows < self.cos_sin_cache.shape[0]:
             self.cos_sin_cache = self.cos_sin_cache[:rows].contiguous()
-        rotation = rotation_cache_from_cos_sin(self.cos_sin_cache)
+        if self._uses_2x2():
+            rotation = rotation_cache_from_cos_sin(self.cos_sin_cache)
+            self.partner = None
+        else:
+            rotation, partner = pair_rotation_tables(
+                self.cos_sin_cache, self.head_size, self.is_neox_style, pad
+            )
+            self.register_buffer("partner", partner, persistent=False)  # type: ignore[attr-defined]
         self.register_buffer("rotation_cache", rotation, persistent=False)  # type: ignore[attr-defined]
 
     def dispatch_forward(self, compile_native: bool = False) -> Any:
@@ -192,9 +268,15 @@ class _SpyreRotaryMixin:
         if rotation.dtype != query.dtype:
             rotation = rotation.to(query.dtype)
         rotation = rotation.index_select(0, positions.reshape(-1))
-        query = rotate_neox_2x2(query, rotation, self.head_size)
+        if self.partner is None:
+            query = rotate_neox_2x2(query, rotation, self.head_size)
+            if key is not None:
+                key = rotate_neox_2x2(key, rotation, self.head_size)
+            return query, key
+        partner = self.partner.to(query.dtype)
+        query = rotate_pairs(query, rotation, partner, self.head_size)
         if key is not None:
-            key = rotate_neox_2x2(key, rotation, self.head_size)
+            key = rotate_pairs(key, rotation, partner, self.head_size)
         return query, key
 
 
@@ -384,6 +466,8 @@ __all__ = [
     "SpyreRotaryEmbedding",
     "SpyreYaRNScalingRotaryEmbedding",
     "pad_table_halves",
+    "pair_rotation_tables",
     "rotate_neox_2x2",
+    "rotate_pairs",
     "rotation_cache_from_cos_sin",
 ]

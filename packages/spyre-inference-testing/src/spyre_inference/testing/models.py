@@ -179,6 +179,26 @@ KINDS: dict[str, TinyModelKind] = {
         {**_DECODER_COMMON, "num_attention_heads": 8, "rope_parameters": _rope(10000.0)},
         has_head_dim=False,
     ),
+    # StableLM 2: LayerNorm, RoPE on the leading quarter of each head (partial
+    # rotary, the ops package's pair form); head_dim from hidden / heads.
+    "stablelm": TinyModelKind(
+        "stablelm",
+        "StableLmForCausalLM",
+        "decoder",
+        {**_DECODER_COMMON, "rope_parameters": _rope(10000.0), "partial_rotary_factor": 0.25},
+        has_head_dim=False,
+    ),
+    # GLM-4: vLLM builds its RoPE GPT-J-style (interleaved pairs) over half of
+    # each head (partial): the pair form's other two variations at once.
+    "glm4": TinyModelKind(
+        "glm4",
+        "Glm4ForCausalLM",
+        "decoder",
+        {
+            **_DECODER_COMMON,
+            "rope_parameters": {**_rope(10000.0), "partial_rotary_factor": 0.5},
+        },
+    ),
     "gemma3": TinyModelKind(
         "gemma3_text",
         "Gemma3ForCausalLM",
@@ -524,12 +544,13 @@ def build_tiny_model(
 ) -> Path:
     """Build a tiny random model of ``kind`` and save it, with the tokenizer, in ``out_dir``.
 
-    ``kind`` is one of :data:`KINDS` (llama, mistral, granite, granitemoe, falcon, qwen2, qwen3,
-    phi3, gemma2, gemma3, mixtral, qwen3_moe, bert, roberta, xlm-roberta). ``overrides`` are HF
-    config fields (``num_hidden_layers=3``, ``head_dim=32``, ``intermediate_size=200``,
-    ``num_key_value_heads=1``, ``sliding_window=...``), plus ``rope_theta=``
-    as a shorthand and ``architecture=`` to save another class of the same
-    model type (e.g. ``"BertForSequenceClassification"`` with ``num_labels=1``).
+    ``kind`` is one of :data:`KINDS` (llama, mistral, granite, granitemoe, falcon, qwen2,
+    qwen3, phi3, stablelm, glm4, gemma2, gemma3, mixtral, qwen3_moe, bert, roberta,
+    xlm-roberta). ``overrides`` are HF config fields (``num_hidden_layers=3``,
+    ``head_dim=32``, ``intermediate_size=200``, ``num_key_value_heads=1``,
+    ``sliding_window=...``), plus ``rope_theta=`` as a shorthand and
+    ``architecture=`` to save another class of the same model type (e.g.
+    ``"BertForSequenceClassification"`` with ``num_labels=1``).
     The result is a pure function of the arguments and the installed
     transformers/tokenizers versions: building twice gives identical files.
     """

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import subprocess
 import sys
 import tarfile
@@ -138,8 +137,10 @@ def _junit_counts(report: Path) -> dict[str, tuple[int, int, int]]:
     for case in ElementTree.parse(report).iter("testcase"):
         classname = case.get("classname", "")
         # ``classname`` is the module's dotted path, then the class for methods.
-        module = classname if classname.rsplit(".", 1)[-1].startswith("test_") else (
-            classname.rsplit(".", 1)[0]
+        module = (
+            classname
+            if classname.rsplit(".", 1)[-1].startswith("test_")
+            else (classname.rsplit(".", 1)[0])
         )
         row = counts.setdefault(module, [0, 0, 0])
         tags = {child.tag for child in case}
