@@ -209,6 +209,21 @@ def test_pair_form_matches_upstream(vllm_env, cls_name, form, dtype):
     assert torch.equal(heads, q.view(7, 4, HEAD)[..., rotary_dim:])
 
 
+def test_style_set_after_construction_rebuilds_the_cache(vllm_env):
+    """vLLM's Ernie 4.5 flips a built Llama RoPE to ``is_neox_style = False``."""
+    spyre = _rope("RotaryEmbedding", torch.float32)
+    assert spyre.partner is None
+    spyre.is_neox_style = False
+    with upstream_layers():
+        upstream = _rope("RotaryEmbedding", torch.float32, neox=False)
+    assert spyre.partner is not None and spyre.rotation_cache.shape[-1] == HEAD
+    positions = torch.arange(5) * 7
+    q, k = torch.randn(5, 2 * HEAD), torch.randn(5, HEAD)
+    out_q, out_k = spyre(positions, q.clone(), k.clone())
+    ref_q, ref_k = upstream.forward_native(positions, q.clone(), k.clone())
+    assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
+
+
 def test_pair_form_traces_into_one_graph(vllm_env):
     from torch._dynamo.testing import CompileCounterWithBackend
 

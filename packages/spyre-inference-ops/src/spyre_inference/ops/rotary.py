@@ -180,7 +180,6 @@ class _SpyreRotaryMixin:
 
     head_size: int
     rotary_dim: int
-    is_neox_style: bool
     dtype: torch.dtype
     cos_sin_cache: torch.Tensor
     rotation_cache: torch.Tensor
@@ -191,6 +190,22 @@ class _SpyreRotaryMixin:
         super().__init__(*args, **kwargs)  # type: ignore[call-arg]
         self._check_supported()
         self._build_rotation_cache()
+
+    @property
+    def is_neox_style(self) -> bool:
+        return self._neox_style
+
+    @is_neox_style.setter
+    def is_neox_style(self, value: bool) -> None:
+        # vLLM's Ernie 4.5 builds Llama's (neox) RoPE and then sets
+        # ``rotary_emb.is_neox_style = False`` on each layer: the cache built at
+        # construction must follow, in the form the new style takes.
+        changed = getattr(self, "_neox_style", value) != value
+        self._neox_style = bool(value)
+        if changed and "rotation_cache" in self._buffers:  # type: ignore[attr-defined]
+            device = self.rotation_cache.device
+            self._build_rotation_cache()
+            self.to(device)  # type: ignore[attr-defined]
 
     def _check_supported(self) -> None:
         name = type(self).__name__
@@ -243,7 +258,7 @@ class _SpyreRotaryMixin:
             self.cos_sin_cache = self.cos_sin_cache[:rows].contiguous()
         if self._uses_2x2():
             rotation = rotation_cache_from_cos_sin(self.cos_sin_cache)
-            self.partner = None
+            self.register_buffer("partner", None, persistent=False)  # type: ignore[attr-defined]
         else:
             rotation, partner = pair_rotation_tables(
                 self.cos_sin_cache, self.head_size, self.is_neox_style, pad
