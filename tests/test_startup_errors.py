@@ -306,6 +306,8 @@ def test_interleaved_and_partial_rope_are_accepted(config_only) -> None:
     """The ops package's pair form serves them (its tests compare with vLLM's RoPE)."""
     assert _config(config_only["interleaved_rope"]).model_config is not None
     assert _config(config_only["partial_rope"]).model_config is not None
+    # Through vLLM's Transformers backend too (the models package's pair form).
+    assert _config(config_only["partial_rope_transformers_backend"]).model_config is not None
 
 
 def test_partial_rope_on_a_padded_head_is_rejected(config_only) -> None:
@@ -315,12 +317,6 @@ def test_partial_rope_on_a_padded_head_is_rejected(config_only) -> None:
     )
     with pytest.raises(ValueError, match=expected):
         _config(config_only["partial_rope_padded_head"])
-
-
-def test_partial_rope_through_the_transformers_backend_is_rejected(config_only) -> None:
-    expected = r"partial_rotary_factor=0.25 .*Transformers backend.*model_impl='vllm'"
-    with pytest.raises(ValueError, match=expected):
-        _config(config_only["partial_rope_transformers_backend"])
 
 
 def test_head_size_that_cannot_be_padded_is_rejected(config_only) -> None:

@@ -61,7 +61,9 @@ def test_cache_and_apply_match_hf(overrides) -> None:
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
     hf = _hf_rotary(**overrides)
-    spyre = SpyreHFRotaryEmbedding(build_rotation_cache(hf, MAX_POS, torch.float32, None), "x")
+    cache, partner = build_rotation_cache(hf, MAX_POS, torch.float32, None, 64)
+    assert partner is None  # full head: the 2x2 form
+    spyre = SpyreHFRotaryEmbedding(cache, "x")
     gen = torch.Generator().manual_seed(0)
     heads, kv_heads, tokens, head_dim = 4, 2, 37, 64
     q = torch.randn(1, heads, tokens, head_dim, generator=gen)
@@ -82,7 +84,7 @@ def test_padded_head_keeps_original_frequencies() -> None:
     hf_small = _hf_rotary(head_dim=32)
     hf_padded = _hf_rotary(head_dim=64)  # what the widened config builds
     pad = DimPad(32, 64)
-    cache = build_rotation_cache(hf_padded, MAX_POS, torch.float32, pad)
+    cache, _ = build_rotation_cache(hf_padded, MAX_POS, torch.float32, pad)
     spyre = SpyreHFRotaryEmbedding(cache, "x")
     gen = torch.Generator().manual_seed(1)
     q = torch.randn(1, 2, 9, 32, generator=gen)
@@ -96,6 +98,31 @@ def test_padded_head_keeps_original_frequencies() -> None:
 
     got, _ = spyre_apply_rotary_pos_emb(widen(q), widen(q), *spyre(torch.zeros(1, 9, 8), positions))
     torch.testing.assert_close(got, widen(want), rtol=0, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_partial_rope_matches_hf_gpt_neox(dtype) -> None:
+    """GPT-NeoX (Pythia) rotates its leading rotary_pct of each head: the pair form,
+    against transformers' own GPT-NeoX rotary and apply."""
+    from transformers import GPTNeoXConfig
+    from transformers.models.gpt_neox.modeling_gpt_neox import (
+        GPTNeoXRotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
+
+    config = GPTNeoXConfig(hidden_size=256, num_attention_heads=4, rotary_pct=0.25)
+    hf = GPTNeoXRotaryEmbedding(config)
+    cache, partner = build_rotation_cache(hf, MAX_POS, dtype, None, 64)
+    assert partner is not None and cache.shape == (MAX_POS, 2, 64)
+    spyre = SpyreHFRotaryEmbedding(cache, "x", partner)
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 4, 21, 64, generator=gen).to(dtype)
+    positions = torch.randint(0, MAX_POS, (1, 21), generator=gen)
+    x = torch.zeros(1, 21, 256, dtype=dtype)
+    want, _ = apply_rotary_pos_emb(q, q, *hf(x, positions))
+    got, _ = spyre_apply_rotary_pos_emb(q, q, *spyre(x, positions))
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6 if dtype == torch.float32 else 1e-2)
+    assert torch.equal(got[..., 16:], q[..., 16:])
 
 
 def test_dynamic_rope_is_refused() -> None:
@@ -145,7 +172,8 @@ def test_tiny_llama_transformers_backend_equals_hf(tiny_llama, make_llm, eager) 
 
 
 def _tiny_checkpoint(out_dir, model_type: str, **fields):
-    """A tiny random checkpoint of ``model_type`` with head_dim 32 (the platform pads it to 64)."""
+    """A tiny random checkpoint of ``model_type`` with head_dim 32 (the platform pads it to 64),
+    unless ``fields`` say otherwise (a field given as None is left out)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from spyre_inference.testing import (
@@ -156,19 +184,23 @@ def _tiny_checkpoint(out_dir, model_type: str, **fields):
         save_tokenizer,
     )
 
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=VOCAB_SIZE,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=MAX_POS,
-        bos_token_id=BOS_TOKEN_ID,
-        eos_token_id=EOS_TOKEN_ID,
-        pad_token_id=PAD_TOKEN_ID,
+    fields = {
+        "vocab_size": VOCAB_SIZE,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": MAX_POS,
+        "bos_token_id": BOS_TOKEN_ID,
+        "eos_token_id": EOS_TOKEN_ID,
+        "pad_token_id": PAD_TOKEN_ID,
         **fields,
+    }
+    # None drops a field the model type does not have (GPT-NeoX has no GQA field,
+    # and vLLM would read a stray num_key_value_heads as one).
+    config = AutoConfig.for_model(
+        model_type, **{name: value for name, value in fields.items() if value is not None}
     )
     gen = torch.Generator().manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -214,6 +246,38 @@ def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
     assert not mismatches
 
 
+@pytest.mark.parametrize(
+    ("model_type", "fields", "eager"),
+    [
+        # Pythia: GPT-NeoX rotates a quarter of each 64-wide head (rotary_pct).
+        ("gpt_neox", {"hidden_size": 256, "rotary_pct": 0.25, "num_key_value_heads": None}, False),
+        # Phi: half of each head; its attention slices the rotary share off itself.
+        (
+            "phi",
+            {"hidden_size": 256, "partial_rotary_factor": 0.5, "num_key_value_heads": None},
+            True,
+        ),
+    ],
+    ids=["gpt_neox", "phi"],
+)
+def test_partial_rope_model_through_the_backend_equals_hf(
+    tmp_path, make_llm, model_type, fields, eager
+) -> None:
+    """vLLM 0.33 has no native GPT-NeoX or Phi: its Transformers backend builds them,
+    and the Spyre class rotates their partial RoPE in the pair form."""
+    model = _tiny_checkpoint(tmp_path / model_type, model_type, **fields)
+    want = hf_greedy(model, PROMPTS, MAX_TOKENS, "float32")
+    llm = make_llm(model, dtype="float32", max_model_len=MAX_POS, enforce_eager=eager)
+    (info,) = llm.apply_model(_classes)
+    assert info["model"] == "SpyreTransformersForCausalLM"
+    assert "SpyreHFRotaryEmbedding" in info["classes"]
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(list(PROMPTS), params)]
+    assert got == want
+
+
 #: Text generators vLLM would build through its Transformers backend that the Spyre
 #: class cannot serve: (model type, config fields, what the start-up error says).
 _REFUSED_BACKEND_MODELS = {
@@ -245,6 +309,23 @@ _REFUSED_BACKEND_MODELS = {
             architectures=["GPTBigCodeForCausalLM"],
         ),
         r"GPTBigCodeForCausalLM has no rotary position embedding",
+    ),
+    # Bamba (Mamba2 + attention) resolves to the Transformers backend in vLLM 0.33,
+    # whose model build fails on a layer outside its attention interface.
+    "non-attention-layers": (
+        "bamba",
+        dict(
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            attn_layer_indices=[1],
+            mamba_n_heads=8,
+            mamba_d_head=64,
+            architectures=["BambaForCausalLM"],
+        ),
+        r"BambaForCausalLM .*has linear_attention layers \(layer_types",
     ),
     # OLMo 3's rotary takes forward(x, position_ids, layer_type): the Spyre class
     # would die replacing it inside the engine.

@@ -12,7 +12,10 @@ platform has widened ``head_dim`` to whole sticks. vLLM's other Transformers
 backend classes (the MoE, multimodal and MTP ones) are not adapted: with a padded
 head they would rotate at the padded width and decode wrong tokens without any
 error, so they are refused here by name. Pooling models are not widened and keep
-vLLM's classes.
+vLLM's classes. A model whose config lists layers that are not attention
+(``layer_types``: Bamba's ``linear_attention``, Lfm2's ``conv``) is refused as
+well: vLLM's Transformers backend serves only layers that go through its
+attention interface, and would raise building the model, in the engine process.
 """
 
 from __future__ import annotations
@@ -30,6 +33,17 @@ ADAPTED_MODULE = "spyre_inference.models.transformers_backend"
 
 class TransformersBackendConfigError(ValueError):
     """A text generator resolves to a Transformers backend class the plugin has not adapted."""
+
+
+#: ``layer_types`` entries of HF configs that are attention layers.
+ATTENTION_LAYER_TYPES = frozenset(
+    {"attention", "full_attention", "sliding_attention", "chunked_attention"}
+)
+
+
+def _non_attention_layers(text_config: object) -> list[str]:
+    layer_types = getattr(text_config, "layer_types", None) or ()
+    return sorted({str(t) for t in layer_types} - ATTENTION_LAYER_TYPES)
 
 
 #: The forward signature (after ``self``) of the HF rotary modules
@@ -98,6 +112,15 @@ def check_transformers_backend(vllm_config: VllmConfig) -> None:
     name = ", ".join(model_config.architectures or ()) or arch
     if name != arch:
         name = f"{name} (resolved to {arch})"
+    if module.startswith((ADAPTED_MODULE, UPSTREAM_TRANSFORMERS_MODULE)):
+        other = _non_attention_layers(model_config.hf_text_config)
+        if other:
+            raise TransformersBackendConfigError(
+                f"{name} has {', '.join(other)} layers (layer_types in config.json), and "
+                "vLLM builds it with its Transformers backend, which serves only layers "
+                "that go through its attention interface (vLLM would fail building the "
+                "model). Serve a model vLLM implements natively"
+            )
     if module == ADAPTED_MODULE:
         model_type = getattr(model_config.hf_text_config, "model_type", "")
         problem = _rotary_problem(name, model_type) if model_type else None

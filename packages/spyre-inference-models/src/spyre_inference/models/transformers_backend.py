@@ -45,7 +45,11 @@ from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.model_executor.models.transformers import TransformersForCausalLM
 from vllm.model_executor.models.transformers.base import VLLM_ATTN_ATTR
 
-from spyre_inference.ops.rotary import pad_table_halves, rotation_cache_from_cos_sin
+from spyre_inference.ops.rotary import (
+    pad_table_halves,
+    pair_rotation_tables,
+    rotation_cache_from_cos_sin,
+)
 from spyre_inference.platform.logs import get_logger
 from spyre_inference.platform.stick_pad import DimPad, current_plan
 
@@ -72,6 +76,23 @@ def _rotate_matmul(x: torch.Tensor, rotation: torch.Tensor, unsqueeze_dim: int) 
     return out.squeeze(-1).movedim(-1, -2).flatten(-2)
 
 
+def _rotate_pairs(
+    x: torch.Tensor, tables: torch.Tensor, partner: torch.Tensor, unsqueeze_dim: int
+) -> torch.Tensor:
+    """The ops package's pair form on HF's layout: ``x * cos_row + (x @ partner) * sin_row``
+    with per-token ``tables`` (``[B, T, 2, D]``).
+
+    GPT-NeoX hands whole heads; Phi's attention slices the rotary share off
+    before the call and hands only that: the leading ``width`` entries of the
+    rows and partner (neox pairs all lie within it) rotate it.
+    """
+    rows = tables.unsqueeze(unsqueeze_dim)
+    width = x.shape[-1]
+    if width != rows.shape[-1]:
+        rows, partner = rows[..., :width], partner[:width, :width]
+    return x * rows.select(-2, 0) + torch.matmul(x, partner) * rows.select(-2, 1)
+
+
 def spyre_apply_rotary_pos_emb(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -81,10 +102,13 @@ def spyre_apply_rotary_pos_emb(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop-in for HF's ``apply_rotary_pos_emb`` fed by :class:`SpyreHFRotaryEmbedding`.
 
-    ``cos`` carries the gathered rotation matrices (``[B, T, 2, 2, D//2]``);
-    ``sin`` is the same tensor (the HF call passes both), and is not read.
+    Full-head RoPE: ``cos`` carries the gathered rotation matrices (``[B, T, 2, 2,
+    D//2]``) and ``sin`` is the same tensor, not read. Partial RoPE (GPT-NeoX,
+    Phi): ``cos`` carries the gathered pair-form rows (``[B, T, 2, D]``) and ``sin``
+    the ``[D, D]`` partner permutation, told apart by its two dimensions.
     """
-    del sin
+    if sin.dim() == 2:
+        return _rotate_pairs(q, cos, sin, unsqueeze_dim), _rotate_pairs(k, cos, sin, unsqueeze_dim)
     return _rotate_matmul(q, cos, unsqueeze_dim), _rotate_matmul(k, cos, unsqueeze_dim)
 
 
@@ -93,16 +117,21 @@ class SpyreHFRotaryEmbedding(nn.Module):
 
     ``forward(x, position_ids)`` keeps HF's signature and returns the pair the
     attention modules unpack as ``cos, sin``: here both are the gathered
-    ``[B, T, 2, 2, D//2]`` rotations, which only
+    ``[B, T, 2, 2, D//2]`` rotations, or for partial RoPE the gathered pair-form
+    rows and the partner permutation, which only
     :func:`spyre_apply_rotary_pos_emb` consumes.
     """
 
     rotation_cache: torch.Tensor
+    partner: torch.Tensor | None
 
-    def __init__(self, cache: torch.Tensor, source: str) -> None:
+    def __init__(
+        self, cache: torch.Tensor, source: str, partner: torch.Tensor | None = None
+    ) -> None:
         super().__init__()
         self.source = source
         self.register_buffer("rotation_cache", cache.contiguous(), persistent=False)
+        self.register_buffer("partner", partner, persistent=False)
 
     def extra_repr(self) -> str:
         return f"replaces={self.source}, cache={tuple(self.rotation_cache.shape)}"
@@ -115,6 +144,8 @@ class SpyreHFRotaryEmbedding(nn.Module):
             rot = rot.to(x.dtype)
         gathered = rot.index_select(0, position_ids.reshape(-1))
         gathered = gathered.view(*position_ids.shape, *rot.shape[1:])
+        if self.partner is not None:
+            return gathered, self.partner.to(gathered.dtype)
         return gathered, gathered
 
 
@@ -152,12 +183,20 @@ def _inv_freq_at(module: nn.Module, head_dim: int) -> tuple[torch.Tensor, float]
 
 
 def build_rotation_cache(
-    module: nn.Module, max_positions: int, dtype: torch.dtype, pad: DimPad | None
-) -> torch.Tensor:
-    """The rotation cache equivalent to the HF module over positions ``[0, max_positions)``.
+    module: nn.Module,
+    max_positions: int,
+    dtype: torch.dtype,
+    pad: DimPad | None,
+    head_dim: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The rotation cache equivalent to the HF module over positions ``[0, max_positions)``,
+    and the partner permutation when the module rotates part of a ``head_dim`` head.
 
     Same arithmetic as HF's forward: float32 ``position * inv_freq``, cos/sin
-    times ``attention_scaling``, then rounded to ``dtype``.
+    times ``attention_scaling``, then rounded to ``dtype``. A module whose
+    frequencies cover ``rotary_dim < head_dim`` entries (GPT-NeoX's
+    ``rotary_pct``, Phi's ``partial_rotary_factor``; HF rotates the leading
+    ``rotary_dim`` entries neox-style) gets the ops package's pair form.
     """
     rope_type = _rope_type(module)
     if rope_type in DYNAMIC_ROPE_TYPES:
@@ -165,6 +204,13 @@ def build_rotation_cache(
             f"{type(module).__name__} uses rope_type={rope_type!r}, whose frequencies change "
             "with the sequence length at run time; spyre-inference precomputes the rotation "
             "cache once and cannot serve it through the Transformers backend."
+        )
+    rotary_dim = 2 * module.inv_freq.numel()
+    partial = head_dim is not None and rotary_dim != head_dim
+    if partial and pad is not None:
+        raise NotImplementedError(
+            f"{type(module).__name__} rotates {rotary_dim} of {pad.original} head entries "
+            "(partial rotary) on a head widened to whole sticks; not supported."
         )
     if pad is None:
         inv_freq = module.inv_freq.float().cpu()
@@ -175,9 +221,11 @@ def build_rotation_cache(
     freqs = positions[:, None] * inv_freq[None, :]
     # HF's cos/sin repeat these over both halves; the cos | sin table keeps one.
     table = torch.cat(((freqs.cos() * scaling).to(dtype), (freqs.sin() * scaling).to(dtype)), -1)
+    if partial:
+        return pair_rotation_tables(table, head_dim, neox=True)
     if pad is not None:
         table = pad_table_halves(table, pad)
-    return rotation_cache_from_cos_sin(table)
+    return rotation_cache_from_cos_sin(table), None
 
 
 _overlay_cache: dict[tuple[int, int], Callable[..., Any]] = {}
@@ -232,8 +280,10 @@ class SpyreTransformersForCausalLM(TransformersForCausalLM):
                     "Spyre Transformers backend replaces rotary modules with the "
                     "forward(x, position_ids) signature only."
                 )
-            cache = build_rotation_cache(module, max_positions, dtype, pad)
-            spyre = SpyreHFRotaryEmbedding(cache, type(module).__name__)
+            cache, partner = build_rotation_cache(
+                module, max_positions, dtype, pad, model_config.get_head_size()
+            )
+            spyre = SpyreHFRotaryEmbedding(cache, type(module).__name__, partner)
             parent_name, _, child = name.rpartition(".")
             parent = self.model.get_submodule(parent_name) if parent_name else self.model
             setattr(parent, child, spyre)

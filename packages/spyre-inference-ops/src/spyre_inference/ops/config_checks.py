@@ -12,9 +12,10 @@ Two cases remain refused:
 
 * partial rotary on a head that stick padding widens: vLLM derives the rotary
   width from the (widened) head size, so it would rotate the wrong entries;
-* partial or interleaved rotary in a model vLLM builds with its Transformers
-  backend: there Hugging Face's attention code applies RoPE, and the Spyre
-  replacement (the models package) implements the neox full-head form only.
+* interleaved rotary in a model vLLM builds with its Transformers backend:
+  there Hugging Face's attention code applies RoPE, and the Spyre replacement
+  (the models package) tells neox full-head and partial RoPE from the HF
+  rotary module's frequencies, not the pairing.
 
 What the config says about RoPE, read the way vLLM 0.33 reads it:
 
@@ -134,12 +135,12 @@ def check_rotary(vllm_config: VllmConfig) -> None:
         else f"architecture {sorted(interleaved)[0]} (the model's config.json) builds its "
         "rotary embedding GPT-J-style (interleaved pairs)"
     )
-    if not _built_by_vllm(model_config):
+    if interleaved and not _built_by_vllm(model_config):
         raise RotaryConfigError(
             f"{what}, and vLLM builds {model_config.architecture} with its Transformers "
             "backend, where spyre-inference's rotary replacement handles neox-style RoPE "
-            "over the whole head only. Serve a model vLLM implements natively "
-            "(model_impl='vllm'), or one with full-head neox RoPE."
+            "only. Serve a model vLLM implements natively (model_impl='vllm'), or one with "
+            "neox-style RoPE."
         )
     if partial and stick_pad.head_dim_to_pad(vllm_config) is not None:
         raise RotaryConfigError(
