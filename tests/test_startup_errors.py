@@ -76,6 +76,20 @@ def config_only(tmp_path_factory):
             intermediate_size=512,
             rotary_pct=0.25,
         ),
+        # Llama 4 text: MoE that weights each expert's input by its router weight.
+        "router_weight_on_input": _small(
+            "llama4_text",
+            "Llama4ForCausalLM",
+            hidden_size=256,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=64,
+            intermediate_size=512,
+            intermediate_size_mlp=512,
+            num_local_experts=2,
+            num_experts_per_tok=1,
+        ),
         # BLOOM: ALiBi, head_dim = hidden_size / n_head.
         "alibi": _small("bloom", "BloomForCausalLM", hidden_size=256, n_layer=2, n_head=4),
         "odd_head": _small("bloom", "BloomForCausalLM", hidden_size=252, n_layer=2, n_head=4),
@@ -308,6 +322,13 @@ def test_interleaved_and_partial_rope_are_accepted(config_only) -> None:
     assert _config(config_only["partial_rope"]).model_config is not None
     # Through vLLM's Transformers backend too (the models package's pair form).
     assert _config(config_only["partial_rope_transformers_backend"]).model_config is not None
+
+
+def test_moe_weighting_expert_inputs_is_rejected(config_only) -> None:
+    """It failed loading the weights, inside the engine process, before."""
+    expected = r"Llama4ForCausalLM multiplies each expert's input by its router weight"
+    with pytest.raises(ValueError, match=expected):
+        _config(config_only["router_weight_on_input"])
 
 
 def test_partial_rope_on_a_padded_head_is_rejected(config_only) -> None:

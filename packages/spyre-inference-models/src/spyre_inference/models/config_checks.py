@@ -1,4 +1,5 @@
-"""Start-up check of the models package: text generators on vLLM's Transformers backend.
+"""Start-up checks of the models package: text generators on vLLM's Transformers backend,
+and mixture-of-experts routing the Spyre MoE method computes.
 
 Published in the core's entry-point group ``spyre_inference.config_checks``; the
 platform runs it from ``check_and_update_config``, in the user's process, before
@@ -16,6 +17,11 @@ vLLM's classes. A model whose config lists layers that are not attention
 (``layer_types``: Bamba's ``linear_attention``, Lfm2's ``conv``) is refused as
 well: vLLM's Transformers backend serves only layers that go through its
 attention interface, and would raise building the model, in the engine process.
+
+:func:`check_moe_routing`: the Spyre MoE method weights each expert's *output* by
+its router weight. Llama 4 (and Laguna when its config says so) weight the
+expert's *input* instead; the method refuses that when it loads the weights, in
+the engine process, so the configuration is refused here by name first.
 """
 
 from __future__ import annotations
@@ -140,10 +146,43 @@ def check_transformers_backend(vllm_config: VllmConfig) -> None:
     )
 
 
+class MoeRoutingConfigError(ValueError):
+    """The model routes its experts in a way the Spyre MoE method does not compute."""
+
+
+#: vLLM 0.33 MoE architectures built with ``FusedMoE(apply_router_weight_on_input=True)``.
+ROUTER_WEIGHT_ON_INPUT_ARCHITECTURES = frozenset(
+    {"Llama4ForCausalLM", "Llama4ForConditionalGeneration"}
+)
+
+
+def check_moe_routing(vllm_config: VllmConfig) -> None:
+    """Refuse a MoE model that weights expert inputs by the router weight."""
+    model_config = vllm_config.model_config
+    if model_config is None or model_config.get_num_experts() <= 0:
+        return
+    archs = set(model_config.architectures or ()) | {model_config.architecture}
+    on_input = sorted(archs & ROUTER_WEIGHT_ON_INPUT_ARCHITECTURES)
+    if not on_input and getattr(
+        model_config.hf_text_config, "moe_apply_router_weight_on_input", False
+    ):
+        on_input = sorted(archs)
+    if on_input:
+        raise MoeRoutingConfigError(
+            f"{on_input[0]} multiplies each expert's input by its router weight; the "
+            "spyre-inference MoE method (the models package) weights expert outputs, which "
+            "is a different computation for these models. Serve a mixture-of-experts model "
+            "that weights expert outputs (Mixtral, Qwen3-MoE, Granite MoE, gpt-oss, Gemma 4)"
+        )
+
+
 __all__ = [
     "REPLACEABLE_ROTARY_SIGNATURE",
+    "ROUTER_WEIGHT_ON_INPUT_ARCHITECTURES",
     "UPSTREAM_TRANSFORMERS_MODULE",
+    "MoeRoutingConfigError",
     "TransformersBackendConfigError",
+    "check_moe_routing",
     "check_transformers_backend",
     "hf_rotary_signatures",
 ]
