@@ -154,11 +154,14 @@ def test_rope_forward_is_spyre_body_under_custom_ops_none(vllm_env):
     assert spyre._forward_method == spyre.forward_oot
 
 
-def test_rope_traces_into_one_graph(vllm_env):
-    """No graph break: the gather and rotation are traced, not opaque."""
+@pytest.mark.parametrize(
+    ("rotary_dim", "neox"), [(HEAD, True), (HEAD // 2, False)], ids=["2x2", "pair_form"]
+)
+def test_rope_traces_into_one_graph(vllm_env, rotary_dim, neox):
+    """No graph break: the gather and rotation are traced, not opaque (both forms)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    spyre = _rope("RotaryEmbedding", torch.float32)
+    spyre = _rope("RotaryEmbedding", torch.float32, rotary_dim=rotary_dim, neox=neox)
     counter = CompileCounterWithBackend("eager")
     compiled = torch.compile(spyre, backend=counter, fullgraph=True, dynamic=False)
     positions = torch.arange(4)
@@ -221,20 +224,6 @@ def test_style_set_after_construction_rebuilds_the_cache(vllm_env):
     q, k = torch.randn(5, 2 * HEAD), torch.randn(5, HEAD)
     out_q, out_k = spyre(positions, q.clone(), k.clone())
     ref_q, ref_k = upstream.forward_native(positions, q.clone(), k.clone())
-    assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
-
-
-def test_pair_form_traces_into_one_graph(vllm_env):
-    from torch._dynamo.testing import CompileCounterWithBackend
-
-    spyre = _rope("RotaryEmbedding", torch.float32, rotary_dim=HEAD // 2, neox=False)
-    counter = CompileCounterWithBackend("eager")
-    compiled = torch.compile(spyre, backend=counter, fullgraph=True, dynamic=False)
-    positions = torch.arange(4)
-    q, k = torch.randn(4, 2 * HEAD), torch.randn(4, HEAD)
-    out_q, out_k = compiled(positions, q, k)
-    ref_q, ref_k = spyre(positions, q, k)
-    assert counter.frame_count == 1
     assert torch.equal(out_q, ref_q) and torch.equal(out_k, ref_k)
 
 
