@@ -32,8 +32,9 @@ CASES = {
     "granitemoe": ("granitemoe", {}),
     "falcon": ("falcon", {}),
     # The RoPE pair form: partial (StableLM's quarter of the head, Phi-4-mini's
-    # three quarters) and interleaved over half the head (GLM-4).
-    "stablelm": ("stablelm", {}),
+    # three quarters) and interleaved over half the head (GLM-4). StableLM in
+    # StableLM-3B's shape: 80-wide heads (stick-padded to 128), 20 of them rotate.
+    "stablelm": ("stablelm", {"hidden_size": 320}),
     "glm4": ("glm4", {}),
     "phi3_partial_rope": (
         "phi3",

@@ -66,6 +66,16 @@ def config_only(tmp_path_factory):
                 "partial_rotary_factor": 0.4,
             },
         ),
+        # StableLM-2-12B's head: 160 (padded to 192, where 40 / 192 is not exact).
+        "partial_rope_head_160": tiny_config(
+            "llama",
+            head_dim=160,
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": 10000.0,
+                "partial_rotary_factor": 0.25,
+            },
+        ),
         # GPT-NeoX (Pythia): partial rotary; vLLM 0.33 builds it with its Transformers backend.
         "partial_rope_transformers_backend": _small(
             "gpt_neox",
@@ -331,13 +341,27 @@ def test_moe_weighting_expert_inputs_is_rejected(config_only) -> None:
         _config(config_only["router_weight_on_input"])
 
 
-def test_partial_rope_on_a_padded_head_is_rejected(config_only) -> None:
-    expected = (
-        r"partial_rotary_factor=0.4 .*head_dim 80 is not a whole number of 64-element "
-        r"sticks.*multiple of 64"
-    )
-    with pytest.raises(ValueError, match=expected):
-        _config(config_only["partial_rope_padded_head"])
+@pytest.mark.parametrize(
+    ("name", "padded", "width"),
+    [("partial_rope_padded_head", 128, 32), ("partial_rope_head_160", 192, 40)],
+    ids=["phi2_head_80", "stablelm2_12b_head_160"],
+)
+def test_partial_rope_on_a_padded_head_keeps_its_rotary_width(
+    config_only, name, padded, width
+) -> None:
+    """The head is widened to whole sticks and the rotary share pinned to the
+    checkpoint's width (vLLM would derive int(128 * 0.4) = 51 from Phi-2's widened
+    head): ``rope_dim`` for vLLM's get_rope, a rescaled factor for readers that
+    multiply (Hugging Face's modules on the Transformers backend)."""
+    from spyre_inference.platform.stick_pad import PLAN_KEY
+
+    config = _config(config_only[name])
+    params = config.model_config.hf_text_config.rope_parameters
+    assert config.model_config.get_head_size() == padded
+    assert params["rope_dim"] == width
+    factor = params["partial_rotary_factor"]
+    assert int(padded * factor) == width and round(padded * factor) == width
+    assert config.additional_config[PLAN_KEY]["rotary_dims"] == [width]
 
 
 def test_head_size_that_cannot_be_padded_is_rejected(config_only) -> None:

@@ -251,10 +251,11 @@ def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
     [
         # Pythia: GPT-NeoX rotates a quarter of each 64-wide head (rotary_pct).
         ("gpt_neox", {"hidden_size": 256, "rotary_pct": 0.25, "num_key_value_heads": None}, False),
-        # Phi: half of each head; its attention slices the rotary share off itself.
+        # Phi-2's shape: 32 of each 80-wide head rotate; the platform widens the head
+        # to 128 and pins the share, and Phi's attention slices it off itself.
         (
             "phi",
-            {"hidden_size": 256, "partial_rotary_factor": 0.5, "num_key_value_heads": None},
+            {"hidden_size": 320, "partial_rotary_factor": 0.4, "num_key_value_heads": None},
             True,
         ),
     ],
@@ -264,7 +265,8 @@ def test_partial_rope_model_through_the_backend_equals_hf(
     tmp_path, make_llm, model_type, fields, eager
 ) -> None:
     """vLLM 0.33 has no native GPT-NeoX or Phi: its Transformers backend builds them,
-    and the Spyre class rotates their partial RoPE in the pair form."""
+    and the Spyre class rotates their partial RoPE in the pair form (Phi's on a
+    stick-padded head; refused at start-up before)."""
     model = _tiny_checkpoint(tmp_path / model_type, model_type, **fields)
     want = hf_greedy(model, PROMPTS, MAX_TOKENS, "float32")
     llm = make_llm(model, dtype="float32", max_model_len=MAX_POS, enforce_eager=eager)
@@ -326,6 +328,34 @@ _REFUSED_BACKEND_MODELS = {
             architectures=["BambaForCausalLM"],
         ),
         r"BambaForCausalLM .*has linear_attention layers \(layer_types",
+    ),
+    # GPT-NeoX sizes heads from hidden_size / heads, not config.head_dim: an 80-wide
+    # head (Pythia-2.8B) cannot be widened; it died tracing the model before.
+    "head-sized-by-the-model": (
+        "gpt_neox",
+        dict(
+            hidden_size=320,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            rotary_pct=1.0,
+            architectures=["GPTNeoXForCausalLM"],
+        ),
+        r"gpt_neox attention sizes its heads itself \(80\).*multiple of 64",
+    ),
+    # Phi slices the rotary share off the head itself: past the first half of the
+    # original head, the padded layout would hand it zeros.
+    "partial-share-past-half-a-padded-head": (
+        "phi",
+        dict(
+            hidden_size=320,
+            intermediate_size=512,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            partial_rotary_factor=0.75,
+            architectures=["PhiForCausalLM"],
+        ),
+        r"rotates 60 of each 80-wide head, more than half",
     ),
     # OLMo 3's rotary takes forward(x, position_ids, layer_type): the Spyre class
     # would die replacing it inside the engine.

@@ -56,6 +56,8 @@ def test_plan_for():
     with pytest.raises(ValueError, match="odd"):
         plan_for(33, None)
     assert StickPadPlan.from_dict(PLAN.to_dict()) == PLAN
+    pinned = StickPadPlan(DimPad(80, 128), rotary_dims=(20,))
+    assert StickPadPlan.from_dict(pinned.to_dict()) == pinned
 
 
 def test_pad_heads_layout():
@@ -103,7 +105,7 @@ def _attention_checkpoint(seed=0):
     return {"q": q, "k": k, "v": v}, bias, o
 
 
-def _attention_block(head, dtype, ckpt, *, fused=False, neox=True):
+def _attention_block(head, dtype, ckpt, *, fused=False, neox=True, rotary_dim=None):
     from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
     from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
@@ -111,7 +113,7 @@ def _attention_block(head, dtype, ckpt, *, fused=False, neox=True):
     with default_dtype(dtype):
         qkv = QKVParallelLinear(HIDDEN, head, HEADS, KV_HEADS, bias=True)
         o_proj = RowParallelLinear(HEADS * head, HIDDEN, bias=False)
-        rope = RotaryEmbedding(head, head, MAX_POS, 10000.0, neox, dtype)
+        rope = RotaryEmbedding(head, rotary_dim or head, MAX_POS, 10000.0, neox, dtype)
     if fused:
         fused_w = torch.cat([weights[s] for s in "qkv"]).to(dtype)
         qkv.weight.weight_loader(qkv.weight, fused_w)
@@ -192,11 +194,39 @@ def test_padded_attention_block_matches_unpadded(vllm_env, dtype, fused, neox):
     assert not q_padded[..., HEAD // 2 :].any()
 
 
-def test_partial_rope_on_a_padded_head_raises_at_construction(vllm_env):
-    """vLLM derives a partial rotary width from the widened head: refused."""
+@pytest.mark.parametrize("neox", [True, False], ids=["neox", "interleaved"])
+@pytest.mark.parametrize("rotary_dim", [8, 24], ids=["quarter", "three_quarters"])
+def test_partial_rope_on_a_padded_head_matches_unpadded(vllm_env, rotary_dim, neox):
+    """StableLM-3B / Phi-2 in small: a leading share of each head rotates, the head is
+    widened 32 -> 64 and the platform pins the share to the checkpoint's width
+    (``rope_dim``). Three quarters puts pairs in both halves of the padded layout."""
+    dtype = torch.float32
+    ckpt = _attention_checkpoint()
+    with upstream_layers():
+        reference = _attention_block(HEAD, dtype, ckpt, neox=neox, rotary_dim=rotary_dim)
+    plan = StickPadPlan(DimPad(HEAD, PADDED_HEAD), rotary_dims=(rotary_dim,))
+    with padded_config(plan):
+        padded = _attention_block(PADDED_HEAD, dtype, ckpt, neox=neox, rotary_dim=rotary_dim)
+    rope = padded[1]
+    assert rope.partner is not None and rope.rotation_cache.shape == (MAX_POS, 2, PADDED_HEAD)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(11, HIDDEN, generator=g)
+    positions = torch.arange(11) + 5
+    out, q_padded = _run_attention(padded, PADDED_HEAD, HEAD**-0.5, x, positions)
+    ref, q_ref = _run_attention(reference, HEAD, HEAD**-0.5, x, positions)
+    torch.testing.assert_close(out, ref, **tol(dtype))
+    q_padded = q_padded.view(11, HEADS, 2, PADDED_HEAD // 2)
+    torch.testing.assert_close(q_padded[..., : HEAD // 2].reshape(11, -1), q_ref, **tol(dtype))
+    assert not q_padded[..., HEAD // 2 :].any()
+
+
+def test_partial_width_derived_from_the_padded_head_raises_at_construction(vllm_env):
+    """A width the config did not pin (a model class multiplying its own factor with
+    the widened head) would rotate the wrong entries: refused."""
     from vllm.model_executor.layers.rotary_embedding import RotaryEmbedding
 
-    with padded_config(PLAN), pytest.raises(NotImplementedError, match="partial rotary"):
+    plan = StickPadPlan(DimPad(HEAD, PADDED_HEAD), rotary_dims=(8,))
+    with padded_config(plan), pytest.raises(NotImplementedError, match="derived the width"):
         RotaryEmbedding(PADDED_HEAD, PADDED_HEAD // 2, MAX_POS, 10000.0, True, torch.float32)
 
 

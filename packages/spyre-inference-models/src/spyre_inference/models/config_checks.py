@@ -17,6 +17,9 @@ vLLM's classes. A model whose config lists layers that are not attention
 (``layer_types``: Bamba's ``linear_attention``, Lfm2's ``conv``) is refused as
 well: vLLM's Transformers backend serves only layers that go through its
 attention interface, and would raise building the model, in the engine process.
+So is a head the platform widens but the HF attention sizes itself
+(GPT-NeoX derives ``hidden_size // num_attention_heads``; the engine died
+tracing it), probed by building one attention module on the meta device.
 
 :func:`check_moe_routing`: the Spyre MoE method weights each expert's *output* by
 its router weight. Llama 4 (and Laguna when its config says so) weight the
@@ -105,6 +108,85 @@ def _rotary_problem(name: str, model_type: str) -> str | None:
     return None
 
 
+def _hf_attention_head_size(model_type: str, text_config: object, head_dim: int) -> int | None:
+    """The head size transformers' attention module of ``model_type`` takes when the
+    config says ``head_dim`` (built on the meta device: no memory, no weights).
+
+    Most read ``config.head_dim``; some (GPT-NeoX) derive ``hidden_size //
+    num_attention_heads`` themselves, which the platform's widening cannot reach.
+    ``None`` when no attention class can be built this way (nothing to tell).
+    """
+    import copy
+    import importlib
+    import inspect
+
+    import torch
+    from torch import nn
+
+    try:
+        modeling = importlib.import_module(
+            f"transformers.models.{model_type}.modeling_{model_type}"
+        )
+    except ImportError:
+        return None
+    config = copy.deepcopy(text_config)
+    config.head_dim = head_dim
+    for name, cls in vars(modeling).items():
+        if not name.endswith("Attention") or not isinstance(cls, type):
+            continue
+        if not issubclass(cls, nn.Module):
+            continue
+        params = inspect.signature(cls.__init__).parameters
+        if "config" not in params:
+            continue
+        kwargs = {"layer_idx": 0} if "layer_idx" in params else {}
+        try:
+            with torch.device("meta"):
+                module = cls(config, **kwargs)
+        except Exception:  # A class this probe cannot build tells nothing.
+            continue
+        for attr in ("head_dim", "head_size"):
+            size = getattr(module, attr, None)
+            if isinstance(size, int):
+                return size
+    return None
+
+
+def _padded_head_problem(name: str, model_type: str, vllm_config: VllmConfig) -> str | None:
+    """Why the Spyre backend class cannot serve this model once its head is widened."""
+    from spyre_inference.platform import stick_pad
+    from spyre_inference.platform.device import round_up
+
+    original = stick_pad.head_dim_to_pad(vllm_config)
+    if original is None:
+        return None
+    padded = round_up(original)
+    text_config = vllm_config.model_config.hf_text_config
+    built = _hf_attention_head_size(model_type, text_config, padded)
+    if built is not None and built != padded:
+        return (
+            f"{name}: transformers' {model_type} attention sizes its heads itself ({built}) "
+            f"instead of reading config.head_dim, so spyre-inference cannot widen its "
+            f"{original}-wide heads to whole 64-element sticks ({padded}) through vLLM's "
+            "Transformers backend. Serve a checkpoint whose head_dim is a multiple of 64, "
+            "or a model vLLM implements natively"
+        )
+    for params in stick_pad.rope_parameter_sets(text_config):
+        width = stick_pad.partial_rotary_width(params, text_config, original)
+        if width is not None and width > original // 2:
+            # HF attention modules that slice the rotary share off themselves
+            # (Phi) take the leading entries of the padded head, where the
+            # [x1, 0, x2, 0] layout keeps only the first half of the original.
+            return (
+                f"{name}: its RoPE rotates {width} of each {original}-wide head, more than "
+                f"half, and the head is widened to {padded} (whole 64-element sticks); "
+                "through vLLM's Transformers backend spyre-inference serves a partial "
+                "rotary share of at most half a widened head. Serve a checkpoint whose "
+                "head_dim is a multiple of 64, or a model vLLM implements natively"
+            )
+    return None
+
+
 def check_transformers_backend(vllm_config: VllmConfig) -> None:
     """Refuse a text generator vLLM would build with an unadapted Transformers class."""
     model_config = vllm_config.model_config
@@ -130,6 +212,8 @@ def check_transformers_backend(vllm_config: VllmConfig) -> None:
     if module == ADAPTED_MODULE:
         model_type = getattr(model_config.hf_text_config, "model_type", "")
         problem = _rotary_problem(name, model_type) if model_type else None
+        if problem is None and model_type:
+            problem = _padded_head_problem(name, model_type, vllm_config)
         if problem:
             raise TransformersBackendConfigError(problem)
         return

@@ -27,7 +27,10 @@ model:
 Head-dim stick padding is shared with the native path (the platform widens
 ``head_dim`` and the ops package's QKV loader pads Q/K per rotary half); the
 rotation cache is then rebuilt at the pre-pad frequencies with the identity
-rotation on each half's padded entries, as the ops package's RoPE does.
+rotation on each half's padded entries, as the ops package's RoPE does. A
+partial share (Phi-2: 32 of 80) is pinned to the checkpoint's width by the
+platform, so the HF module's frequencies are already right and the pair form
+maps the pairs into the padded layout.
 """
 
 from __future__ import annotations
@@ -207,12 +210,17 @@ def build_rotation_cache(
         )
     rotary_dim = 2 * module.inv_freq.numel()
     partial = head_dim is not None and rotary_dim != head_dim
-    if partial and pad is not None:
+    if partial and pad is not None and rotary_dim > pad.original // 2:
+        # The platform pins a partial share to the checkpoint's width, and HF's
+        # modules derive it from the rescaled factor; Phi slices that share off
+        # the padded head itself, so it must lie in the first [x1, 0] half.
         raise NotImplementedError(
-            f"{type(module).__name__} rotates {rotary_dim} of {pad.original} head entries "
-            "(partial rotary) on a head widened to whole sticks; not supported."
+            f"{type(module).__name__} rotates {rotary_dim} entries of a head widened "
+            f"{pad.original} -> {pad.padded}: more than the first half of the original "
+            "head (the models package's start-up check refuses this configuration)."
         )
-    if pad is None:
+    if pad is None or partial:
+        # A partial module's frequencies are already at the checkpoint's width.
         inv_freq = module.inv_freq.float().cpu()
         scaling = float(getattr(module, "attention_scaling", 1.0))
     else:
@@ -222,7 +230,7 @@ def build_rotation_cache(
     # HF's cos/sin repeat these over both halves; the cos | sin table keeps one.
     table = torch.cat(((freqs.cos() * scaling).to(dtype), (freqs.sin() * scaling).to(dtype)), -1)
     if partial:
-        return pair_rotation_tables(table, head_dim, neox=True)
+        return pair_rotation_tables(table, head_dim, neox=True, pad=pad)
     if pad is not None:
         table = pad_table_halves(table, pad)
     return rotation_cache_from_cos_sin(table), None

@@ -7,36 +7,25 @@ refuses the same configurations when a layer is built, but that happens in the
 engine process, where the message reaches the user only through the log.
 
 The ops package rotates neox full-head RoPE in its 2x2 form and partial or
-interleaved (GPT-J-style) RoPE in its pair form (:mod:`spyre_inference.ops.rotary`).
-Two cases remain refused:
+interleaved (GPT-J-style) RoPE in its pair form (:mod:`spyre_inference.ops.rotary`),
+on stick-padded heads too (the platform pins a partial rotary width to the
+checkpoint's; ``spyre_inference.platform.stick_pad``). One case remains
+refused: interleaved rotary in a model vLLM builds with its Transformers
+backend. There Hugging Face's attention code applies RoPE, and the Spyre
+replacement (the models package) tells neox full-head and partial RoPE from
+the HF rotary module's frequencies, not the pairing.
 
-* partial rotary on a head that stick padding widens: vLLM derives the rotary
-  width from the (widened) head size, so it would rotate the wrong entries;
-* interleaved rotary in a model vLLM builds with its Transformers backend:
-  there Hugging Face's attention code applies RoPE, and the Spyre replacement
-  (the models package) tells neox full-head and partial RoPE from the HF
-  rotary module's frequencies, not the pairing.
-
-What the config says about RoPE, read the way vLLM 0.33 reads it:
-
-* partial rotary: ``get_rope`` rotates ``rope_dim`` entries, or
-  ``head_size * partial_rotary_factor`` (from the rope parameters, where
-  vLLM's ``patch_rope_parameters`` also moves the legacy ``rotary_pct`` /
-  ``rotary_emb_fraction`` names), except for Gemma 4's ``proportional`` type,
-  which rotates the whole head with the identity on the pairs past the factor;
-* interleaved (``is_neox_style=False``): not in the config; each vLLM model
-  class passes it. :data:`INTERLEAVED_ROPE_ARCHITECTURES` lists the
-  text-generation classes of vLLM 0.33 that always do (ChatGLM does when its
-  config sets ``original_rope``).
+Whether a model is interleaved (``is_neox_style=False``) is not in the config;
+each vLLM model class passes it. :data:`INTERLEAVED_ROPE_ARCHITECTURES` lists
+the text-generation classes of vLLM 0.33 that always do (ChatGLM does when its
+config sets ``original_rope``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from spyre_inference.platform import discovery, stick_pad
-from spyre_inference.platform.device import STICK_ELEMS
+from spyre_inference.platform import discovery
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -55,9 +44,6 @@ INTERLEAVED_ROPE_ARCHITECTURES = frozenset(
         "BailingMoeV3ForCausalLM",
     }
 )
-#: Rope types whose partial factor still rotates the whole head (the pairs past
-#: the factor get the identity rotation): Gemma 4's ``proportional``.
-FULL_HEAD_PARTIAL_ROPE_TYPES = frozenset({"proportional"})
 _CHATGLM_ARCHITECTURES = frozenset({"ChatGLMModel", "ChatGLMForConditionalGeneration"})
 
 #: vLLM's Transformers backend classes live under this module.
@@ -67,17 +53,6 @@ _NATIVE_MODULES = "vllm.model_executor.models."
 
 class RotaryConfigError(ValueError):
     """The model's RoPE is a form the Spyre rotation cannot express."""
-
-
-def _rope_parameter_sets(text_config: Any) -> Iterator[dict[str, Any]]:
-    """The model's rope parameter dicts (one per layer type when nested, as in Gemma 3)."""
-    params = getattr(text_config, "rope_parameters", None)
-    if not isinstance(params, dict) or not params:
-        return
-    if all(isinstance(v, dict) for v in params.values()):
-        yield from (v for v in params.values() if v)
-    else:
-        yield params
 
 
 def _architectures(model_config: Any) -> set[str]:
@@ -97,57 +72,23 @@ def _built_by_vllm(model_config: Any) -> bool:
     )
 
 
-def _partial_setting(text_config: Any, head_size: int) -> str | None:
-    """How the config asks for partial rotary, or None for a full-head rotation."""
-    for params in _rope_parameter_sets(text_config):
-        if params.get("rope_type") in FULL_HEAD_PARTIAL_ROPE_TYPES:
-            continue
-        rope_dim = params.get("rope_dim")
-        factor = params.get(
-            "partial_rotary_factor", getattr(text_config, "partial_rotary_factor", 1.0)
-        )
-        if rope_dim is not None and int(rope_dim) != head_size:
-            return f"rope_dim={rope_dim} (head_dim {head_size})"
-        if rope_dim is None and factor is not None and float(factor) != 1.0:
-            return f"partial_rotary_factor={factor}"
-    return None
-
-
 def check_rotary(vllm_config: VllmConfig) -> None:
     """Refuse the RoPE forms the ops package's rotary embedding cannot serve (see above)."""
     model_config = vllm_config.model_config
     if model_config is None or not discovery.general_plugin_enabled("spyre_ops"):
         return  # vLLM's own RoPE runs (no swap, no restriction)
-    text_config = model_config.hf_text_config
     archs = _architectures(model_config)
     interleaved = archs & INTERLEAVED_ROPE_ARCHITECTURES
     if not interleaved and archs & _CHATGLM_ARCHITECTURES:
-        if getattr(text_config, "original_rope", False):
+        if getattr(model_config.hf_text_config, "original_rope", False):
             interleaved = archs & _CHATGLM_ARCHITECTURES
-    head_size = model_config.get_head_size()
-    partial = _partial_setting(text_config, head_size)
-    if not (interleaved or partial):
-        return
-    what = (
-        f"{partial} in the model's rope parameters (config.json) rotates only part of each "
-        "head (partial rotary)"
-        if partial
-        else f"architecture {sorted(interleaved)[0]} (the model's config.json) builds its "
-        "rotary embedding GPT-J-style (interleaved pairs)"
-    )
     if interleaved and not _built_by_vllm(model_config):
         raise RotaryConfigError(
-            f"{what}, and vLLM builds {model_config.architecture} with its Transformers "
-            "backend, where spyre-inference's rotary replacement handles neox-style RoPE "
-            "only. Serve a model vLLM implements natively (model_impl='vllm'), or one with "
-            "neox-style RoPE."
-        )
-    if partial and stick_pad.head_dim_to_pad(vllm_config) is not None:
-        raise RotaryConfigError(
-            f"{what}, and head_dim {head_size} is not a whole number of "
-            f"{STICK_ELEMS}-element sticks: the plugin widens such heads, and vLLM would "
-            "derive the rotary width from the widened head. Serve a checkpoint whose "
-            f"head_dim is a multiple of {STICK_ELEMS}, or one with full-head RoPE."
+            f"architecture {sorted(interleaved)[0]} (the model's config.json) builds its "
+            "rotary embedding GPT-J-style (interleaved pairs), and vLLM builds "
+            f"{model_config.architecture} with its Transformers backend, where "
+            "spyre-inference's rotary replacement handles neox-style RoPE only. Serve a "
+            "model vLLM implements natively (model_impl='vllm'), or one with neox-style RoPE."
         )
 
 

@@ -45,9 +45,11 @@ neox full-head kind pay for the matmul.
 
 With head-dim stick padding (``spyre_inference.platform.stick_pad``) the cache
 keeps the *original* frequencies and gives the padded entries of each half the
-identity rotation; the padded Q/K entries are zero, so they stay zero. A
-partial rotary head that needs padding is refused at start-up (vLLM derives
-the rotary width from the padded head; ``spyre_inference.ops.config_checks``).
+identity rotation; the padded Q/K entries are zero, so they stay zero. Partial
+rotary on a padded head (StableLM-3B, Phi-2: head 80 -> 128) keeps the
+checkpoint's rotary width, which the platform pins in the rope parameters, so
+upstream's table is already right; the pair form places each pair where the
+QKV loader's ``[x1, 0, x2, 0]`` layout put its entries.
 """
 
 from __future__ import annotations
@@ -209,12 +211,21 @@ class _SpyreRotaryMixin:
 
     def _check_supported(self) -> None:
         name = type(self).__name__
-        if self.rotary_dim != self.head_size and self._head_pad() is not None:
-            raise NotImplementedError(
-                f"{name}: partial rotary (rotary_dim={self.rotary_dim}) on a head padded to "
-                "whole sticks is not supported: the rotary width was derived from the "
-                "padded head."
-            )
+        pad = self._head_pad()
+        if self.rotary_dim != self.head_size and pad is not None:
+            plan = current_plan()
+            pinned = plan.rotary_dims if plan is not None else ()
+            if self.rotary_dim not in pinned:
+                # The platform pins the config's partial widths (stick_pad); a
+                # width the model derived itself from the widened head (a
+                # factor hard-coded in the model class) would rotate the wrong
+                # entries.
+                raise NotImplementedError(
+                    f"{name}: partial rotary (rotary_dim={self.rotary_dim}) on a head padded "
+                    f"{pad.original} -> {pad.padded}, but the config's rotary widths are "
+                    f"{list(pinned) or 'full-head'}: the model derived the width from the "
+                    "padded head."
+                )
         if getattr(self, "cos_sin_cache", None) is None:
             raise NotImplementedError(
                 f"{name} builds its rotation cache at construction; init_cache=False is "
@@ -238,7 +249,7 @@ class _SpyreRotaryMixin:
 
     def _build_rotation_cache(self) -> None:
         pad = self._head_pad()
-        if pad is not None:
+        if pad is not None and self.rotary_dim == self.head_size:
             # The model was built with the padded head size, so upstream's
             # cache spreads frequencies over the padded width. Recompute them
             # over the original width (upstream's own formula, including its

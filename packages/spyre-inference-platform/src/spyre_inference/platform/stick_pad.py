@@ -26,6 +26,9 @@ Padding is exact, not approximate:
   unpadded head pairs ``i`` with ``i + original/2``; padded Q/K entries are zero,
   so ``q . k`` is unchanged, padded V entries are zero, so the padded output
   columns are zero and meet zero O-projection columns.
+* Partial RoPE (a leading share of each head rotates): the rotary width stays
+  the checkpoint's (:func:`widen_config` pins it in the rope parameters), and
+  the ops package's pair form places its pairs in the padded layout.
 """
 
 from __future__ import annotations
@@ -62,26 +65,35 @@ class DimPad:
 
 @dataclasses.dataclass(frozen=True)
 class StickPadPlan:
-    """The widened dimensions of one model (``None``: that dimension is not padded)."""
+    """The widened dimensions of one model (``None``: that dimension is not padded).
+
+    ``rotary_dims`` are the rotary widths of partial RoPE on a widened head:
+    they stay at the checkpoint's width (:func:`widen_config` pins them in the
+    rope parameters), and the ops package's RoPE accepts exactly these.
+    """
 
     head_dim: DimPad | None = None
     intermediate_size: DimPad | None = None
+    rotary_dims: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, list[int]]:
         out: dict[str, list[int]] = {}
-        for field in dataclasses.fields(self):
-            pad = getattr(self, field.name)
+        for name in ("head_dim", "intermediate_size"):
+            pad = getattr(self, name)
             if pad is not None:
-                out[field.name] = [pad.original, pad.padded]
+                out[name] = [pad.original, pad.padded]
+        if self.rotary_dims:
+            out["rotary_dims"] = list(self.rotary_dims)
         return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> StickPadPlan:
-        kwargs = {}
-        for field in dataclasses.fields(cls):
-            if field.name in raw:
-                original, padded = raw[field.name]
-                kwargs[field.name] = DimPad(int(original), int(padded))
+        kwargs: dict[str, Any] = {}
+        for name in ("head_dim", "intermediate_size"):
+            if name in raw:
+                original, padded = raw[name]
+                kwargs[name] = DimPad(int(original), int(padded))
+        kwargs["rotary_dims"] = tuple(int(d) for d in raw.get("rotary_dims", ()))
         return cls(**kwargs)
 
     def is_empty(self) -> bool:
@@ -163,6 +175,78 @@ def head_dim_to_pad(vllm_config: VllmConfig) -> int | None:
 
 #: Rope parameters that hold one entry per rotary frequency (longrope, Phi-3).
 PER_FREQUENCY_ROPE_FIELDS = ("short_factor", "long_factor")
+#: Rope types whose partial factor still rotates the whole head (the pairs past
+#: the factor get the identity rotation): Gemma 4's ``proportional``.
+FULL_HEAD_PARTIAL_ROPE_TYPES = frozenset({"proportional"})
+
+
+def rope_parameter_sets(text_config: Any) -> list[dict[str, Any]]:
+    """The model's rope parameter dicts (one per layer type when nested, as in Gemma 3).
+
+    The dicts are the config's own: writing to them changes the config.
+    """
+    params = getattr(text_config, "rope_parameters", None)
+    if not isinstance(params, dict) or not params:
+        return []
+    if all(isinstance(v, dict) for v in params.values()):
+        return [v for v in params.values() if v]
+    return [params]
+
+
+def partial_rotary_width(params: dict[str, Any], text_config: Any, head_size: int) -> int | None:
+    """How many entries of a ``head_size`` head one rope parameter set rotates, when
+    that is not the whole head; ``None`` for a full-head rotation.
+
+    Read the way vLLM 0.33's ``get_rope`` reads it: ``rope_dim``, else
+    ``head_size * partial_rotary_factor`` (vLLM's ``patch_rope_parameters``
+    moves the legacy ``rotary_pct`` / ``rotary_emb_fraction`` names into the
+    rope parameters); Gemma 4's ``proportional`` type rotates the whole head.
+    """
+    if params.get("rope_type") in FULL_HEAD_PARTIAL_ROPE_TYPES:
+        return None
+    rope_dim = params.get("rope_dim")
+    if rope_dim is not None:
+        width = int(rope_dim)
+    else:
+        factor = params.get(
+            "partial_rotary_factor", getattr(text_config, "partial_rotary_factor", None)
+        )
+        width = int(head_size * float(factor)) if factor is not None else head_size
+    return None if width == head_size else width
+
+
+def _factor_for(width: int, head_size: int) -> float:
+    """A partial factor ``f`` with ``int(head_size * f) == round(head_size * f) == width``."""
+    factor = width / head_size
+    while int(head_size * factor) < width:
+        factor = math.nextafter(factor, 1.0)
+    return factor
+
+
+def _pin_partial_rotary(text_config: Any, pad: DimPad) -> tuple[int, ...]:
+    """Keep partial RoPE at the checkpoint's rotary width once the head is widened.
+
+    Every reader derives the rotary width from the head size it is built with,
+    which is now the padded one (StableLM-3B and Phi-2: 80 -> 128, a share of
+    0.25 / 0.4). Each parameter set gets ``rope_dim`` (what vLLM's ``get_rope``
+    reads first) and a factor rescaled to the padded head (what Hugging Face's
+    modules, run by vLLM's Transformers backend, and models that multiply
+    themselves read), both giving the original width. The QKV loader's
+    ``[x1, 0, x2, 0]`` layout keeps every original entry at a fixed place, and
+    the ops package's pair-form RoPE maps its pairs there.
+    """
+    widths: set[int] = set()
+    for params in rope_parameter_sets(text_config):
+        width = partial_rotary_width(params, text_config, pad.original)
+        if width is None:
+            continue
+        params["rope_dim"] = width
+        params["partial_rotary_factor"] = _factor_for(width, pad.padded)
+        widths.add(width)
+    if widths and getattr(text_config, "partial_rotary_factor", None) is not None:
+        if len(widths) == 1:
+            text_config.partial_rotary_factor = _factor_for(next(iter(widths)), pad.padded)
+    return tuple(sorted(widths))
 
 
 def _widen_rope_factors(text_config: Any, pad: DimPad) -> None:
@@ -233,7 +317,9 @@ def widen_config(vllm_config: VllmConfig) -> StickPadPlan | None:
 
     if plan.head_dim is not None:
         text_config.head_dim = plan.head_dim.padded
+        rotary_dims = _pin_partial_rotary(text_config, plan.head_dim)
         _widen_rope_factors(text_config, plan.head_dim)
+        plan = dataclasses.replace(plan, rotary_dims=rotary_dims)
         logger.info(
             "Padding head_dim %d -> %d (64-element Spyre stick); attention keeps the "
             "scale of the original head size.",
@@ -275,13 +361,16 @@ def attention_scale(head_size: int, scale: float, plan: StickPadPlan | None = No
 
 
 __all__ = [
+    "FULL_HEAD_PARTIAL_ROPE_TYPES",
     "PLAN_KEY",
     "DimPad",
     "StickPadPlan",
     "attention_scale",
     "current_plan",
     "head_dim_to_pad",
+    "partial_rotary_width",
     "plan_for",
     "plan_from_config",
+    "rope_parameter_sets",
     "widen_config",
 ]
