@@ -77,6 +77,46 @@ def test_cache_and_apply_match_hf(overrides) -> None:
     torch.testing.assert_close(got_k, want_k, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("gemma", [False, True], ids=["rms", "gemma"])
+def test_backend_norm_over_padded_heads_equals_the_unpadded_norm(vllm_env, gemma) -> None:
+    """The backend's TP-aware norms take the Spyre bodies: a K norm over a whole
+    projection (OLMo 2, FlexOlmo) of two 32-wide heads, built at the padded 2 x 64,
+    loads the checkpoint's 64 weights and normalises over the 64 real lanes."""
+    from transformers.models.gemma.modeling_gemma import GemmaRMSNorm
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+    from vllm.model_executor.models.transformers.fusers.rms_norm import (
+        TPAwareGemmaRMSNorm,
+        TPAwareRMSNorm,
+    )
+
+    from spyre_inference.models import backend_norms
+    from spyre_inference.ops.stick_pad_load import pad_heads
+    from spyre_inference.platform.stick_pad import PLAN_KEY, StickPadPlan
+
+    pad = DimPad(32, 64)
+    upstream, spyre = (
+        (TPAwareGemmaRMSNorm, backend_norms.SpyreTPAwareGemmaRMSNorm)
+        if gemma
+        else (TPAwareRMSNorm, backend_norms.SpyreTPAwareRMSNorm)
+    )
+    g = torch.Generator().manual_seed(0)
+    weight = torch.rand(2 * pad.original, generator=g) - 0.5
+    x = torch.randn(5, 2 * pad.original, generator=g)
+    vllm_env.additional_config[PLAN_KEY] = StickPadPlan(pad).to_dict()
+    try:
+        norm = upstream(hidden_size=2 * pad.padded, eps=1e-6)
+    finally:
+        del vllm_env.additional_config[PLAN_KEY]
+    assert type(norm) is spyre
+    norm.weight.weight_loader(norm.weight, weight)
+    # Hugging Face's norms on the unpadded projection are the reference.
+    reference = (GemmaRMSNorm if gemma else Olmo2RMSNorm)(2 * pad.original, eps=1e-6)
+    with torch.no_grad():
+        reference.weight.copy_(weight)
+        want = reference(x)
+    torch.testing.assert_close(norm(pad_heads(x, 1, pad)), pad_heads(want, 1, pad))
+
+
 def test_padded_head_keeps_original_frequencies() -> None:
     """With head_dim 32 widened to 64 the rotation of the real entries is HF's at 32."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -221,23 +261,37 @@ def _classes(model) -> dict:
 
 
 @pytest.mark.parametrize(
-    ("model_type", "rotary", "eager"),
+    ("model_type", "fields", "spyre_class", "eager"),
     # One compiled, one eager: the class resolution and the rotary are the same in both.
-    [("arcee", "ArceeRotaryEmbedding", False), ("olmo", "OlmoRotaryEmbedding", True)],
+    [
+        ("arcee", {}, "SpyreTransformersForCausalLM", False),
+        # FlexOlmo: vLLM's MoE backend class, and Q/K norms over the whole projection
+        # (the backend's TP-aware norm, swapped by name) on the padded heads.
+        (
+            "flex_olmo",
+            {"num_experts": 4, "num_experts_per_tok": 2},
+            "SpyreTransformersMoEForCausalLM",
+            True,
+        ),
+    ],
+    ids=["arcee", "flex_olmo"],
 )
 def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
-    tmp_path, make_llm, model_type, rotary, eager
+    tmp_path, make_llm, model_type, fields, spyre_class, eager
 ) -> None:
-    """vLLM 0.33 maps Arcee, OLMo, OLMo 2, SmolLM3, ... to its Transformers class under
-    their own names. Built as vLLM's class they kept HF's rotary at the padded width
-    and decoded wrong tokens (Arcee 0 of 4 prompts equal, OLMo 1 of 4); each must be
-    the Spyre class."""
-    model = _tiny_checkpoint(tmp_path / model_type, model_type)
+    """vLLM 0.33 maps Arcee, OLMo, OLMo 2, SmolLM3, FlexOlmo, ... to its Transformers
+    classes under their own names. Built as vLLM's class they kept HF's rotary at the
+    padded width and decoded wrong tokens (Arcee 0 of 4 prompts equal, OLMo 1 of 4);
+    each must be a Spyre class. FlexOlmo was refused at start-up before (vLLM's MoE
+    backend class was not adapted), and its Q/K norms failed to load on a padded head."""
+    model = _tiny_checkpoint(tmp_path / model_type, model_type, **fields)
     want = hf_greedy(model, PROMPTS, MAX_TOKENS, "float32")
     llm = make_llm(model, dtype="float32", max_model_len=MAX_POS, enforce_eager=eager)
     (info,) = llm.apply_model(_classes)
-    assert info["model"] == "SpyreTransformersForCausalLM"
-    assert "SpyreHFRotaryEmbedding" in info["classes"] and rotary not in info["classes"]
+    assert info["model"] == spyre_class
+    assert "SpyreHFRotaryEmbedding" in info["classes"]
+    assert not [c for c in info["classes"] if c.endswith("RotaryEmbedding") and "Spyre" not in c]
+    assert "TPAwareRMSNorm" not in info["classes"]
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
@@ -283,22 +337,6 @@ def test_partial_rope_model_through_the_backend_equals_hf(
 #: Text generators vLLM would build through its Transformers backend that the Spyre
 #: class cannot serve: (model type, config fields, what the start-up error says).
 _REFUSED_BACKEND_MODELS = {
-    # FlexOlmo resolves to vLLM's TransformersMoEForCausalLM, which keeps HF's RoPE.
-    "unadapted-class": (
-        "flex_olmo",
-        dict(
-            hidden_size=128,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_experts=4,
-            num_experts_per_tok=2,
-            architectures=["FlexOlmoForCausalLM"],
-        ),
-        r"FlexOlmoForCausalLM .*is served by vLLM's Transformers backend class "
-        r"TransformersMoEForCausalLM, which spyre-inference has not adapted",
-    ),
     # GPT-BigCode (learned absolute positions) has no rotary module to replace; it
     # died in the engine building the model before.
     "no-rope": (

@@ -51,7 +51,7 @@ _ADAPTED_MODULES: dict[str, tuple[str, ...]] = {
     ),
     "gemma4": ("Gemma4ForCausalLM",),
     "granitemoehybrid": ("GraniteMoeHybridForCausalLM",),
-    "transformers_backend": ("TransformersForCausalLM",),
+    "transformers_backend": ("TransformersForCausalLM", "TransformersMoEForCausalLM"),
 }
 
 #: vLLM architecture name -> the upstream class vLLM's own table maps it to.
@@ -69,8 +69,9 @@ _ADAPTED_ARCHS: dict[str, str] = {
     "Gemma4ForCausalLM": "Gemma4ForCausalLM",
     "GraniteMoeHybridForCausalLM": "GraniteMoeHybridForCausalLM",
     # model_impl="transformers" (and the automatic fallback) resolves text
-    # generation models to this architecture name.
+    # generation models to these architecture names.
     "TransformersForCausalLM": "TransformersForCausalLM",
+    "TransformersMoEForCausalLM": "TransformersMoEForCausalLM",
 }
 
 #: Layer swaps this package owns (imported, and so registered, by register_models).
@@ -93,26 +94,28 @@ def _module_of(upstream_cls: str) -> str:
     )
 
 
-#: The upstream class vLLM's Transformers backend builds text generators with.
-TRANSFORMERS_CAUSAL_LM = "TransformersForCausalLM"
+#: The upstream classes vLLM's Transformers backend builds text generators with
+#: (dense and mixture-of-experts); the multimodal and MTP ones are not adapted.
+TRANSFORMERS_TEXT_GENERATORS = frozenset({"TransformersForCausalLM", "TransformersMoEForCausalLM"})
 
 
 def transformers_backend_archs() -> dict[str, str]:
-    """Architectures vLLM's own table serves as ``TransformersForCausalLM`` -> that class.
+    """Architectures vLLM's own table serves with a Transformers backend text generator
+    -> that class.
 
     vLLM 0.33 lists many text generators (Arcee, OLMo, OLMo 2/3, SmolLM3,
-    Starcoder2, Seed-OSS, ...) under their own names with the Transformers
-    backend's class as the target, so they never pass through the
-    ``TransformersForCausalLM`` name: each must be registered to the Spyre class
-    itself, or the model runs Hugging Face's own RoPE (wrong once the platform
-    has widened ``head_dim`` to whole sticks).
+    Starcoder2, Seed-OSS, FlexOlmo, HunYuan MoE, ...) under their own names with
+    the Transformers backend's class as the target, so they never pass through
+    the ``TransformersForCausalLM`` name: each must be registered to the Spyre
+    class itself, or the model runs Hugging Face's own RoPE (wrong once the
+    platform has widened ``head_dim`` to whole sticks).
     """
     from vllm.model_executor.models.registry import _VLLM_MODELS
 
     return {
-        arch: TRANSFORMERS_CAUSAL_LM
+        arch: upstream
         for arch, (_, upstream) in _VLLM_MODELS.items()
-        if upstream == TRANSFORMERS_CAUSAL_LM
+        if upstream in TRANSFORMERS_TEXT_GENERATORS
     }
 
 
@@ -209,7 +212,7 @@ def register_models() -> None:
 
 
 __all__ = [
-    "TRANSFORMERS_CAUSAL_LM",
+    "TRANSFORMERS_TEXT_GENERATORS",
     "UnknownArchitectureError",
     "__version__",
     "check_against_vllm",

@@ -6,17 +6,18 @@ platform runs it from ``check_and_update_config``, in the user's process, before
 an engine starts.
 
 A text generator that vLLM builds with its Transformers backend must be built by
-:class:`~spyre_inference.models.transformers_backend.SpyreTransformersForCausalLM`:
-only that class replaces Hugging Face's rotary module and ``apply_rotary_pos_emb``
-with the Spyre rotation cache, which keeps the original frequencies when the
-platform has widened ``head_dim`` to whole sticks. vLLM's other Transformers
-backend classes (the MoE, multimodal and MTP ones) are not adapted: with a padded
-head they would rotate at the padded width and decode wrong tokens without any
-error, so they are refused here by name. Pooling models are not widened and keep
-vLLM's classes. A model whose config lists layers that are not attention
-(``layer_types``: Bamba's ``linear_attention``, Lfm2's ``conv``) is refused as
-well: vLLM's Transformers backend serves only layers that go through its
-attention interface, and would raise building the model, in the engine process.
+one of the Spyre backend classes (:mod:`spyre_inference.models.transformers_backend`,
+dense and MoE): only those replace Hugging Face's rotary module and
+``apply_rotary_pos_emb`` with the Spyre rotation cache, which keeps the original
+frequencies when the platform has widened ``head_dim`` to whole sticks. vLLM's
+other Transformers backend classes (the multimodal and MTP ones) are not
+adapted: with a padded head they would rotate at the padded width and decode
+wrong tokens without any error, so they are refused here by name. Pooling
+models are not widened and keep vLLM's classes. A model whose config lists
+layers that are not attention (``layer_types``: Bamba's ``linear_attention``,
+Lfm2's ``conv``) is refused as well: vLLM's Transformers backend serves only
+layers that go through its attention interface, and would raise building the
+model, in the engine process.
 So is a head the platform widens but the HF attention sizes itself
 (GPT-NeoX derives ``hidden_size // num_attention_heads``; the engine died
 tracing it), probed by building one attention module on the meta device.
@@ -222,11 +223,11 @@ def check_transformers_backend(vllm_config: VllmConfig) -> None:
     upstream = getattr(entry, "class_name", "?")
     raise TransformersBackendConfigError(
         f"{name} is served by vLLM's Transformers backend class {upstream}, which "
-        "spyre-inference has not adapted (only TransformersForCausalLM, the dense text "
-        "generator, gets the Spyre rotary embedding; MoE, multimodal and MTP variants run "
-        "Hugging Face's own RoPE, which is wrong once head_dim is padded to whole sticks). "
-        "Serve a dense text-generation checkpoint, or a model vLLM implements natively "
-        "(model_impl='vllm')"
+        "spyre-inference has not adapted (only the text generators TransformersForCausalLM "
+        "and TransformersMoEForCausalLM get the Spyre rotary embedding; multimodal and MTP "
+        "variants run Hugging Face's own RoPE, which is wrong once head_dim is padded to "
+        "whole sticks). Serve a text-generation checkpoint, or a model vLLM implements "
+        "natively (model_impl='vllm')"
     )
 
 

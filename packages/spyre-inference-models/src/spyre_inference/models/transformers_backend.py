@@ -45,9 +45,14 @@ import torch
 from torch import nn
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-from vllm.model_executor.models.transformers import TransformersForCausalLM
+from vllm.model_executor.models.transformers import (
+    TransformersForCausalLM,
+    TransformersMoEForCausalLM,
+)
 from vllm.model_executor.models.transformers.base import VLLM_ATTN_ATTR
 
+# Imported for its registrations: the backend's TP-aware norms take the Spyre bodies.
+from spyre_inference.models import backend_norms  # noqa: F401
 from spyre_inference.ops.rotary import (
     pad_table_halves,
     pair_rotation_tables,
@@ -261,11 +266,15 @@ def _forward_function(module: nn.Module) -> types.FunctionType:
     return inspect.unwrap(fn)
 
 
-class SpyreTransformersForCausalLM(TransformersForCausalLM):
-    """``TransformersForCausalLM`` whose RoPE is a precomputed Spyre rotation cache."""
+class _SpyreRotaryBackendMixin:
+    """What the Spyre Transformers backend classes add to upstream's: after the
+    upstream ``__init__`` has built the HF model (with vLLM's fusers), its rotary
+    modules and ``apply_rotary_pos_emb`` are replaced (see the module docstring)."""
+
+    model: nn.Module
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        super().__init__(vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
         self._spyre_replace_rotary(vllm_config)
 
     def _spyre_replace_rotary(self, vllm_config: VllmConfig) -> None:
@@ -324,9 +333,19 @@ class SpyreTransformersForCausalLM(TransformersForCausalLM):
         )
 
 
+class SpyreTransformersForCausalLM(_SpyreRotaryBackendMixin, TransformersForCausalLM):
+    """``TransformersForCausalLM`` whose RoPE is a precomputed Spyre rotation cache."""
+
+
+class SpyreTransformersMoEForCausalLM(_SpyreRotaryBackendMixin, TransformersMoEForCausalLM):
+    """``TransformersMoEForCausalLM`` (FlexOlmo, HunYuan MoE, ...) with the Spyre rotation
+    cache; its experts are vLLM's ``FusedMoE``, which the Spyre MoE method computes."""
+
+
 __all__ = [
     "SpyreHFRotaryEmbedding",
     "SpyreTransformersForCausalLM",
+    "SpyreTransformersMoEForCausalLM",
     "build_rotation_cache",
     "spyre_apply_rotary_pos_emb",
 ]

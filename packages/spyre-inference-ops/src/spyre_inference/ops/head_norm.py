@@ -1,4 +1,8 @@
-"""Per-head norms (Qwen3/Gemma 3 ``q_norm``/``k_norm``) at a stick-padded head width.
+"""Per-head and per-projection Q/K norms at a stick-padded head width.
+
+Qwen3 and Gemma 3 normalise each head (``q_norm``/``k_norm`` of ``head_dim``);
+OLMo 2, OLMoE and FlexOlmo normalise the whole Q or K projection (a norm of
+``num_heads * head_dim``).
 
 When the platform widens ``head_dim`` to a whole 64-element stick
 (:mod:`spyre_inference.platform.stick_pad`), a norm applied to each head is built
@@ -12,11 +16,12 @@ then stay exact:
   but ``mean`` would divide by the padded width. The norm divides by the
   original width instead.
 
-Which norms are per-head is decided when the weight loads: a norm whose width
-equals the padded head size *and* whose checkpoint tensor has the original head
-size. That is unambiguous even for a model whose ``hidden_size`` equals the
-padded head size (its hidden norms load full-width tensors). Every other norm,
-and every norm when nothing is padded, runs upstream's body unchanged.
+Which norms span padded heads is decided when the weight loads: a norm whose
+width is ``n`` padded heads *and* whose checkpoint tensor is ``n`` original
+heads wide. That is unambiguous even for a model whose ``hidden_size`` is a
+multiple of the padded head size (its hidden norms are not widened and load
+full-width tensors). Every other norm, and every norm when nothing is padded,
+runs upstream's body unchanged.
 """
 
 from __future__ import annotations
@@ -36,8 +41,8 @@ from spyre_inference.platform.stick_pad import DimPad, current_plan
 class HeadPaddedNorm:
     """Mixin: load an original-width weight into a padded per-head norm.
 
-    ``variance_width`` is ``None`` for an ordinary norm and the original head
-    size once a per-head weight has been padded at load.
+    ``variance_width`` is ``None`` for an ordinary norm and the original width
+    (heads x original head size) once a head-laid-out weight has been padded at load.
     """
 
     variance_width: int | None = None
@@ -49,16 +54,17 @@ class HeadPaddedNorm:
         weight = getattr(self, "weight", None)
         if pad is None or not isinstance(weight, torch.nn.Parameter):
             return
-        if weight.shape[-1] != pad.padded:
+        if weight.dim() != 1 or weight.shape[0] % pad.padded:
             return
         self._head_pad = pad
         set_weight_attrs(weight, {"weight_loader": self._load_weight})
 
     def _load_weight(self, param: torch.nn.Parameter, loaded: torch.Tensor) -> None:
         pad = self._head_pad
-        if pad is not None and loaded.dim() == 1 and loaded.shape[0] == pad.original:
+        heads = param.shape[0] // pad.padded if pad is not None else 0
+        if pad is not None and loaded.dim() == 1 and loaded.shape[0] == heads * pad.original:
             loaded = pad_heads(loaded, 0, pad)
-            self.variance_width = pad.original
+            self.variance_width = heads * pad.original
         default_weight_loader(param, loaded)
 
 
