@@ -168,3 +168,16 @@ def test_compiled_graph_keeps_static_shapes_through_reshapes() -> None:
     assert out.device.type == "spyre"
     torch.testing.assert_close(dev.to_host(out).float(), scores(q.float(), k.float()),
                                rtol=2e-3, atol=2e-3)  # fmt: skip
+
+
+def test_moe_routing_on_the_device_needs_a_recipe_on_the_card_path() -> None:
+    """A MoE layer that routes with the model's own function (vLLM's Transformers MoE
+    backend with the HF gate: top-k on the device) is refused on the card path; the cpu
+    target calls the function (``test_transformers_backend.py``, HunYuan MoE)."""
+    from types import SimpleNamespace
+
+    from spyre_inference.models.moe import default_recipe
+
+    layer = SimpleNamespace(layer_name="model.layers.0.mlp.experts", custom_routing_function=len)
+    with pytest.raises(NotImplementedError, match=r"top-k on the device.*MoeRecipe"):
+        default_recipe(layer)

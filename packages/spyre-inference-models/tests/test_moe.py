@@ -256,6 +256,20 @@ def test_mid_stick_expert_width_equals_hf(tiny_model_factory, make_llm) -> None:
 # ---- Gemma 4: a model-owned routing recipe -------------------------------------
 
 
+def test_model_routing_function_is_the_recipe_on_the_cpu_target() -> None:
+    """vLLM's Transformers MoE backend routes some models with the HF gate (a
+    ``custom_routing_function``); on the cpu target the recipe calls it as is."""
+    from types import SimpleNamespace
+
+    from spyre_inference.models.moe import default_recipe
+
+    def gate(hidden_states, gating_output, topk, renormalize):
+        return gating_output.topk(topk, dim=-1)
+
+    layer = SimpleNamespace(layer_name="experts", custom_routing_function=gate)
+    assert default_recipe(layer) == MoeRecipe(external=gate)
+
+
 def test_gemma4_recipe_routes_like_vllms_gemma4_function() -> None:
     from vllm.model_executor.models.gemma4 import gemma4_routing_function_torch
 

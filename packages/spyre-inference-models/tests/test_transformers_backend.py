@@ -273,8 +273,16 @@ def _classes(model) -> dict:
             "SpyreTransformersMoEForCausalLM",
             True,
         ),
+        # HunYuan MoE: vLLM routes with the HF gate itself (external routing), which
+        # the Spyre MoE method calls on the cpu target.
+        (
+            "hunyuan_v1_moe",
+            {"num_experts": 4, "moe_topk": 2, "head_dim": 32},
+            "SpyreTransformersMoEForCausalLM",
+            True,
+        ),
     ],
-    ids=["arcee", "flex_olmo"],
+    ids=["arcee", "flex_olmo", "hunyuan_moe"],
 )
 def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
     tmp_path, make_llm, model_type, fields, spyre_class, eager

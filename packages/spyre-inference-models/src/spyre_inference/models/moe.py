@@ -126,23 +126,37 @@ class MoeRecipe:
     ``routed_scaling_factor``, then by ``expert_scale()[expert]`` if the model
     owns a per-expert scale. ``expert_scale`` is called at every step (the
     model's parameter is read where it lives, after weight loading).
+
+    ``external``: the layer's own routing function (vLLM's
+    ``custom_routing_function`` signature), used instead of all of the above.
+    vLLM's Transformers MoE backend routes with the Hugging Face gate this way
+    when it cannot describe the gate with plain fields (HunYuan MoE). Only the
+    cpu target takes it (:func:`default_recipe`).
     """
 
     scoring: Literal["softmax", "sigmoid"] = "softmax"
     renormalize: bool = True
     routed_scaling_factor: float = 1.0
     expert_scale: Callable[[], torch.Tensor] | None = None
+    external: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 def default_recipe(layer: RoutedExperts) -> MoeRecipe:
     """The recipe of a layer whose routing vLLM describes with plain fields."""
     name = getattr(layer, "layer_name", type(layer).__name__)
     if layer.custom_routing_function is not None:
+        if not dev.is_spyre():
+            # cpu-only: the function runs the model's own gate, top-k included, on
+            # whatever device its inputs live on; the card computes top-k on the
+            # host (no integer tensors on the device), so it needs a recipe.
+            return MoeRecipe(external=layer.custom_routing_function)
+        fn = layer.custom_routing_function
+        fn_name = getattr(getattr(fn, "func", fn), "__qualname__", repr(fn))
         raise NotImplementedError(
-            f"{name} routes with a model-specific function "
-            f"({getattr(layer.custom_routing_function, '__qualname__', '?')}); "
-            "spyre-inference needs a MoeRecipe for it (set_moe_recipe in the model's "
-            "adaptation module)."
+            f"{name} routes with a model-specific function ({fn_name}), which computes its "
+            "top-k on the device; spyre-inference needs a MoeRecipe for it on the "
+            f"{dev.target()} target (set_moe_recipe in the model's adaptation module). "
+            "The cpu target (SPYRE_DEVICE_TARGET=cpu) runs it."
         )
     if layer.use_grouped_topk or layer.e_score_correction_bias is not None:
         raise NotImplementedError(
@@ -377,7 +391,18 @@ class SpyreUnquantizedFusedMoEMethod(UnquantizedFusedMoEMethod):
             # A warm-up step made only of bucket padding.
             return x.new_zeros(num_tokens, layer.w2_weight.shape[-1])
         top_k = layer.top_k
-        weights, ids = route(dev.to_host(router_logits[:real], torch.float32), top_k, recipe)
+        if recipe.external is not None:
+            # Whole rows in: vLLM's precomputed-routing variant checks its row count.
+            ext_weights, ext_ids = recipe.external(
+                hidden_states=x,
+                gating_output=router_logits,
+                topk=top_k,
+                renormalize=bool(layer.renormalize),
+            )
+            weights = dev.to_host(ext_weights[:real], torch.float32)
+            ids = dev.to_host(ext_ids[:real]).to(torch.int64)
+        else:
+            weights, ids = route(dev.to_host(router_logits[:real], torch.float32), top_k, recipe)
         form = self.select_form(real, top_k)
         self.form_counts[form] += 1
         b13 = getattr(layer, "w13_bias", None)
