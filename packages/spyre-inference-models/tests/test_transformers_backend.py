@@ -281,8 +281,27 @@ def _classes(model) -> dict:
             "SpyreTransformersMoEForCausalLM",
             True,
         ),
+        # GPT-BigCode (StarCoder 1): learned absolute positions, no RoPE to replace;
+        # its attention sizes heads from n_embd, so a 64-wide head (no padding).
+        (
+            "gpt_bigcode",
+            {
+                "n_embd": 256,
+                "n_head": 4,
+                "n_layer": 2,
+                "n_positions": MAX_POS,
+                "hidden_size": None,
+                "num_attention_heads": None,
+                "num_hidden_layers": None,
+                "num_key_value_heads": None,
+                "max_position_embeddings": None,
+                "intermediate_size": None,
+            },
+            "SpyreTransformersForCausalLM",
+            True,
+        ),
     ],
-    ids=["arcee", "flex_olmo", "hunyuan_moe"],
+    ids=["arcee", "flex_olmo", "hunyuan_moe", "gpt_bigcode"],
 )
 def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
     tmp_path, make_llm, model_type, fields, spyre_class, eager
@@ -297,7 +316,7 @@ def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
     llm = make_llm(model, dtype="float32", max_model_len=MAX_POS, enforce_eager=eager)
     (info,) = llm.apply_model(_classes)
     assert info["model"] == spyre_class
-    assert "SpyreHFRotaryEmbedding" in info["classes"]
+    assert ("SpyreHFRotaryEmbedding" in info["classes"]) == (model_type != "gpt_bigcode")
     assert not [c for c in info["classes"] if c.endswith("RotaryEmbedding") and "Spyre" not in c]
     assert "TPAwareRMSNorm" not in info["classes"]
     from vllm import SamplingParams
@@ -345,9 +364,8 @@ def test_partial_rope_model_through_the_backend_equals_hf(
 #: Text generators vLLM would build through its Transformers backend that the Spyre
 #: class cannot serve: (model type, config fields, what the start-up error says).
 _REFUSED_BACKEND_MODELS = {
-    # GPT-BigCode (learned absolute positions) has no rotary module to replace; it
-    # died in the engine building the model before.
-    "no-rope": (
+    # GPT-BigCode sizes heads from n_embd / n_head: a 32-wide head cannot be widened.
+    "no-rope-head-sized-by-the-model": (
         "gpt_bigcode",
         dict(
             n_embd=128,
@@ -356,7 +374,7 @@ _REFUSED_BACKEND_MODELS = {
             n_positions=512,
             architectures=["GPTBigCodeForCausalLM"],
         ),
-        r"GPTBigCodeForCausalLM has no rotary position embedding",
+        r"gpt_bigcode attention sizes its heads itself \(32\)",
     ),
     # Bamba (Mamba2 + attention) resolves to the Transformers backend in vLLM 0.33,
     # whose model build fails on a layer outside its attention interface.

@@ -66,10 +66,11 @@ def hf_rotary_signatures(model_type: str) -> dict[str, tuple[str, ...]] | None:
 
     :class:`~spyre_inference.models.transformers_backend.SpyreTransformersForCausalLM`
     replaces the model's rotary modules; a model with learned absolute positions
-    (GPT-BigCode, ...) has none (and its attention sizes its heads from
-    ``hidden_size`` rather than the widened ``head_dim``), and a per-layer-type
-    rotary (OLMo 3's ``forward(x, position_ids, layer_type)``) has no Spyre
-    replacement yet. ``None`` when transformers has no modeling module of that name.
+    (GPT-BigCode, ...) has none, and nothing is replaced (its attention sizes its
+    heads from ``hidden_size``, so a head that needs padding is refused by
+    :func:`_padded_head_problem`), and a per-layer-type rotary (OLMo 3's
+    ``forward(x, position_ids, layer_type)``) has no Spyre replacement yet.
+    ``None`` when transformers has no modeling module of that name.
     """
     import importlib
     import inspect
@@ -92,12 +93,7 @@ def _rotary_problem(name: str, model_type: str) -> str | None:
     if signatures is None:
         return None  # Not a transformers model type: vLLM's own checks speak for it.
     if not signatures:
-        return (
-            f"{name} has no rotary position embedding (transformers' {model_type} model "
-            "defines none): spyre-inference serves models through vLLM's Transformers "
-            "backend with the Spyre rotation cache, which needs RoPE. Serve a RoPE model, "
-            "or one vLLM implements natively"
-        )
+        return None  # No RoPE (learned absolute positions): nothing to replace.
     other = {c: p for c, p in signatures.items() if p != REPLACEABLE_ROTARY_SIGNATURE}
     if other:
         cls, params = next(iter(other.items()))

@@ -305,16 +305,33 @@ class _SpyreRotaryBackendMixin:
             parent = self.model.get_submodule(parent_name) if parent_name else self.model
             setattr(parent, child, spyre)
             replaced.append(name)
+        attention = [
+            (name, module)
+            for name, module in self.model.named_modules()
+            if isinstance(getattr(module, VLLM_ATTN_ATTR, None), AttentionLayerBase)
+        ]
         if not replaced:
-            raise NotImplementedError(
-                f"{type(self.model).__name__} has no Hugging Face rotary module "
-                "(a *RotaryEmbedding with inv_freq) for spyre-inference to replace."
+            # A model without RoPE (GPT-BigCode's learned absolute positions) has
+            # nothing to replace; one whose attention still rotates does.
+            rotating = [
+                name
+                for name, module in attention
+                if APPLY_ROTARY_NAME in _forward_function(module).__code__.co_names
+            ]
+            if rotating:
+                raise NotImplementedError(
+                    f"{type(self.model).__name__} rotates in {rotating[0]} but has no Hugging "
+                    "Face rotary module (a *RotaryEmbedding with inv_freq) for "
+                    "spyre-inference to replace."
+                )
+            logger.info(
+                "Transformers backend: %s has no rotary embedding; nothing to replace",
+                type(self.model).__name__,
             )
+            return
 
         rebound = 0
-        for name, module in self.model.named_modules():
-            if not isinstance(getattr(module, VLLM_ATTN_ATTR, None), AttentionLayerBase):
-                continue
+        for name, module in attention:
             fn = _forward_function(module)
             if APPLY_ROTARY_NAME not in fn.__code__.co_names:
                 raise NotImplementedError(
