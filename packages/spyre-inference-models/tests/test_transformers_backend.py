@@ -77,6 +77,46 @@ def test_cache_and_apply_match_hf(overrides) -> None:
     torch.testing.assert_close(got_k, want_k, rtol=0, atol=2e-6)
 
 
+@pytest.mark.parametrize("layer_type", ["sliding_attention", "full_attention"])
+def test_per_layer_type_cache_and_apply_match_hf(layer_type) -> None:
+    """OLMo 3's rotary holds one frequency set per layer type; each type's cache
+    rotates as HF's ``forward(x, position_ids, layer_type)`` does."""
+    from transformers import AutoConfig
+    from transformers.models.olmo3.modeling_olmo3 import (
+        Olmo3RotaryEmbedding,
+        apply_rotary_pos_emb,
+    )
+
+    from spyre_inference.models.transformers_backend import SpyreHFLayerTypeRotaryEmbedding
+
+    config = AutoConfig.for_model(
+        "olmo3",
+        hidden_size=256,
+        num_attention_heads=4,
+        num_hidden_layers=4,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+        },
+    )
+    hf = Olmo3RotaryEmbedding(config)
+    per_type = {}
+    for t in ("sliding_attention", "full_attention"):
+        cache, partner = build_rotation_cache(hf, MAX_POS, torch.float32, None, 64, t)
+        per_type[t] = SpyreHFRotaryEmbedding(cache, t, partner)
+    spyre = SpyreHFLayerTypeRotaryEmbedding(per_type)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 37, 64, generator=gen)
+    k = torch.randn(1, 4, 37, 64, generator=gen)
+    positions = torch.randint(0, MAX_POS, (1, 37), generator=gen)
+    x = torch.zeros(1, 37, 256)
+
+    want_q, want_k = apply_rotary_pos_emb(q, k, *hf(x, positions, layer_type))
+    got_q, got_k = spyre_apply_rotary_pos_emb(q, k, *spyre(x, positions, layer_type))
+    torch.testing.assert_close(got_q, want_q, rtol=0, atol=2e-6)
+    torch.testing.assert_close(got_k, want_k, rtol=0, atol=2e-6)
+
+
 @pytest.mark.parametrize("gemma", [False, True], ids=["rms", "gemma"])
 def test_backend_norm_over_padded_heads_equals_the_unpadded_norm(vllm_env, gemma) -> None:
     """The backend's TP-aware norms take the Spyre bodies: a K norm over a whole
@@ -300,8 +340,23 @@ def _classes(model) -> dict:
             "SpyreTransformersForCausalLM",
             True,
         ),
+        # OLMo 3: one rotary frequency set per layer type (forward(x, position_ids,
+        # layer_type)), here with different thetas, on sliding and full layers.
+        (
+            "olmo3",
+            {
+                "num_hidden_layers": 4,
+                "sliding_window": 16,
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "full_attention": {"rope_type": "default", "rope_theta": 500000.0},
+                },
+            },
+            "SpyreTransformersForCausalLM",
+            True,
+        ),
     ],
-    ids=["arcee", "flex_olmo", "hunyuan_moe", "gpt_bigcode"],
+    ids=["arcee", "flex_olmo", "hunyuan_moe", "gpt_bigcode", "olmo3"],
 )
 def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
     tmp_path, make_llm, model_type, fields, spyre_class, eager
@@ -317,6 +372,8 @@ def test_backend_architecture_listed_by_name_with_a_padded_head_equals_hf(
     (info,) = llm.apply_model(_classes)
     assert info["model"] == spyre_class
     assert ("SpyreHFRotaryEmbedding" in info["classes"]) == (model_type != "gpt_bigcode")
+    if model_type == "olmo3":
+        assert "SpyreHFLayerTypeRotaryEmbedding" in info["classes"]
     assert not [c for c in info["classes"] if c.endswith("RotaryEmbedding") and "Spyre" not in c]
     assert "TPAwareRMSNorm" not in info["classes"]
     from vllm import SamplingParams
@@ -420,20 +477,6 @@ _REFUSED_BACKEND_MODELS = {
             architectures=["PhiForCausalLM"],
         ),
         r"rotates 60 of each 80-wide head, more than half",
-    ),
-    # OLMo 3's rotary takes forward(x, position_ids, layer_type): the Spyre class
-    # would die replacing it inside the engine.
-    "per-layer-type-rotary": (
-        "olmo3",
-        dict(
-            hidden_size=256,
-            intermediate_size=256,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            architectures=["Olmo3ForCausalLM"],
-        ),
-        r"Olmo3ForCausalLM: its rotary embedding .*layer_type",
     ),
 }
 

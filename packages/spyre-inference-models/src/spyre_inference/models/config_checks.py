@@ -56,9 +56,10 @@ def _non_attention_layers(text_config: object) -> list[str]:
     return sorted({str(t) for t in layer_types} - ATTENTION_LAYER_TYPES)
 
 
-#: The forward signature (after ``self``) of the HF rotary modules
-#: :class:`~spyre_inference.models.transformers_backend.SpyreHFRotaryEmbedding` replaces.
-REPLACEABLE_ROTARY_SIGNATURE = ("x", "position_ids")
+#: The forward signatures (after ``self``) of the HF rotary modules the Spyre
+#: Transformers backend replaces: one frequency set, or one per layer type (OLMo 3).
+PER_LAYER_TYPE_SIGNATURE = ("x", "position_ids", "layer_type")
+REPLACEABLE_ROTARY_SIGNATURES = (("x", "position_ids"), PER_LAYER_TYPE_SIGNATURE)
 
 
 def hf_rotary_signatures(model_type: str) -> dict[str, tuple[str, ...]] | None:
@@ -68,8 +69,8 @@ def hf_rotary_signatures(model_type: str) -> dict[str, tuple[str, ...]] | None:
     replaces the model's rotary modules; a model with learned absolute positions
     (GPT-BigCode, ...) has none, and nothing is replaced (its attention sizes its
     heads from ``hidden_size``, so a head that needs padding is refused by
-    :func:`_padded_head_problem`), and a per-layer-type rotary (OLMo 3's
-    ``forward(x, position_ids, layer_type)``) has no Spyre replacement yet.
+    :func:`_padded_head_problem`); a per-layer-type rotary (OLMo 3's
+    ``forward(x, position_ids, layer_type)``) is replaced per type.
     ``None`` when transformers has no modeling module of that name.
     """
     import importlib
@@ -94,13 +95,14 @@ def _rotary_problem(name: str, model_type: str) -> str | None:
         return None  # Not a transformers model type: vLLM's own checks speak for it.
     if not signatures:
         return None  # No RoPE (learned absolute positions): nothing to replace.
-    other = {c: p for c, p in signatures.items() if p != REPLACEABLE_ROTARY_SIGNATURE}
+    other = {c: p for c, p in signatures.items() if p not in REPLACEABLE_ROTARY_SIGNATURES}
     if other:
         cls, params = next(iter(other.items()))
         return (
-            f"{name}: its rotary embedding {cls} takes forward{params} (a per-layer-type "
-            "RoPE), which the Spyre Transformers backend does not replace yet (it replaces "
-            "forward(x, position_ids) only). Serve a model vLLM implements natively"
+            f"{name}: its rotary embedding {cls} takes forward{params}, which the Spyre "
+            "Transformers backend does not replace (it replaces forward(x, position_ids) "
+            "and forward(x, position_ids, layer_type)). Serve a model vLLM implements "
+            "natively"
         )
     return None
 
@@ -258,7 +260,8 @@ def check_moe_routing(vllm_config: VllmConfig) -> None:
 
 
 __all__ = [
-    "REPLACEABLE_ROTARY_SIGNATURE",
+    "PER_LAYER_TYPE_SIGNATURE",
+    "REPLACEABLE_ROTARY_SIGNATURES",
     "ROUTER_WEIGHT_ON_INPUT_ARCHITECTURES",
     "UPSTREAM_TRANSFORMERS_MODULE",
     "MoeRoutingConfigError",

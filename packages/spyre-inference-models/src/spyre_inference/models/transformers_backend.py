@@ -53,6 +53,10 @@ from vllm.model_executor.models.transformers.base import VLLM_ATTN_ATTR
 
 # Imported for its registrations: the backend's TP-aware norms take the Spyre bodies.
 from spyre_inference.models import backend_norms  # noqa: F401
+from spyre_inference.models.config_checks import (
+    PER_LAYER_TYPE_SIGNATURE,
+    REPLACEABLE_ROTARY_SIGNATURES,
+)
 from spyre_inference.ops.rotary import (
     pad_table_halves,
     pair_rotation_tables,
@@ -157,21 +161,58 @@ class SpyreHFRotaryEmbedding(nn.Module):
         return gathered, gathered
 
 
+class SpyreHFLayerTypeRotaryEmbedding(nn.Module):
+    """An HF rotary module with one frequency set per layer type (OLMo 3:
+    ``forward(x, position_ids, layer_type)``), replaced by one
+    :class:`SpyreHFRotaryEmbedding` per type; the type is a Python string in the
+    traced forward, so each layer's graph gathers from its own cache."""
+
+    def __init__(self, per_type: dict[str, SpyreHFRotaryEmbedding]) -> None:
+        super().__init__()
+        self.per_type = nn.ModuleDict(per_type)
+
+    def forward(
+        self, x: torch.Tensor, position_ids: torch.Tensor, layer_type: str
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.per_type[layer_type](x, position_ids)
+
+
+def _layer_types(module: nn.Module) -> list[str]:
+    """The layer types of an HF rotary module with one frequency set per type (OLMo 3's
+    ``{type}_inv_freq`` buffers, ``forward(x, position_ids, layer_type)``); else empty."""
+    types_ = getattr(module, "layer_types", None) or ()
+    return [t for t in types_ if isinstance(getattr(module, f"{t}_inv_freq", None), torch.Tensor)]
+
+
 def _is_hf_rotary(module: nn.Module) -> bool:
-    return type(module).__name__.endswith("RotaryEmbedding") and isinstance(
-        getattr(module, "inv_freq", None), torch.Tensor
-    )
+    if not type(module).__name__.endswith("RotaryEmbedding"):
+        return False
+    return isinstance(getattr(module, "inv_freq", None), torch.Tensor) or bool(_layer_types(module))
 
 
-def _rope_type(module: nn.Module) -> str:
+def _rope_type(module: nn.Module, layer_type: str | None = None) -> str:
     rope_type = getattr(module, "rope_type", None)
+    if isinstance(rope_type, dict) and layer_type is not None:
+        rope_type = rope_type.get(layer_type)
     if isinstance(rope_type, str):
         return rope_type
     params = getattr(getattr(module, "config", None), "rope_parameters", None) or {}
+    if layer_type is not None and isinstance(params.get(layer_type), dict):
+        params = params[layer_type]
     return str(params.get("rope_type", "default")) if isinstance(params, dict) else "default"
 
 
-def _inv_freq_at(module: nn.Module, head_dim: int) -> tuple[torch.Tensor, float]:
+def _frequencies(module: nn.Module, layer_type: str | None) -> tuple[torch.Tensor, float]:
+    """The HF module's own (inv_freq, attention_scaling), of one layer type if given."""
+    if layer_type is None:
+        return module.inv_freq, float(getattr(module, "attention_scaling", 1.0))
+    inv_freq = getattr(module, f"{layer_type}_inv_freq")
+    return inv_freq, float(getattr(module, f"{layer_type}_attention_scaling", 1.0))
+
+
+def _inv_freq_at(
+    module: nn.Module, head_dim: int, layer_type: str | None = None
+) -> tuple[torch.Tensor, float]:
     """The HF module's (inv_freq, attention_scaling) for a model of head size ``head_dim``.
 
     Uses the module's own RoPE initialisation (the default formula or
@@ -182,11 +223,12 @@ def _inv_freq_at(module: nn.Module, head_dim: int) -> tuple[torch.Tensor, float]
 
     config = copy.copy(module.config)
     config.head_dim = head_dim
-    rope_type = _rope_type(module)
+    rope_type = _rope_type(module, layer_type)
+    kwargs = {} if layer_type is None else {"layer_type": layer_type}
     if rope_type == "default":
-        inv_freq, scaling = type(module).compute_default_rope_parameters(config)
+        inv_freq, scaling = type(module).compute_default_rope_parameters(config, **kwargs)
     else:
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"), **kwargs)
     return inv_freq.float(), float(scaling)
 
 
@@ -196,6 +238,7 @@ def build_rotation_cache(
     dtype: torch.dtype,
     pad: DimPad | None,
     head_dim: int | None = None,
+    layer_type: str | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The rotation cache equivalent to the HF module over positions ``[0, max_positions)``,
     and the partner permutation when the module rotates part of a ``head_dim`` head.
@@ -205,15 +248,17 @@ def build_rotation_cache(
     frequencies cover ``rotary_dim < head_dim`` entries (GPT-NeoX's
     ``rotary_pct``, Phi's ``partial_rotary_factor``; HF rotates the leading
     ``rotary_dim`` entries neox-style) gets the ops package's pair form.
+    ``layer_type`` picks one frequency set of a per-layer-type module (OLMo 3).
     """
-    rope_type = _rope_type(module)
+    rope_type = _rope_type(module, layer_type)
     if rope_type in DYNAMIC_ROPE_TYPES:
         raise NotImplementedError(
             f"{type(module).__name__} uses rope_type={rope_type!r}, whose frequencies change "
             "with the sequence length at run time; spyre-inference precomputes the rotation "
             "cache once and cannot serve it through the Transformers backend."
         )
-    rotary_dim = 2 * module.inv_freq.numel()
+    own_inv_freq, own_scaling = _frequencies(module, layer_type)
+    rotary_dim = 2 * own_inv_freq.numel()
     partial = head_dim is not None and rotary_dim != head_dim
     if partial and pad is not None and rotary_dim > pad.original // 2:
         # The platform pins a partial share to the checkpoint's width, and HF's
@@ -226,10 +271,9 @@ def build_rotation_cache(
         )
     if pad is None or partial:
         # A partial module's frequencies are already at the checkpoint's width.
-        inv_freq = module.inv_freq.float().cpu()
-        scaling = float(getattr(module, "attention_scaling", 1.0))
+        inv_freq, scaling = own_inv_freq.float().cpu(), own_scaling
     else:
-        inv_freq, scaling = _inv_freq_at(module, pad.original)
+        inv_freq, scaling = _inv_freq_at(module, pad.original, layer_type)
     positions = torch.arange(max_positions, dtype=torch.int64).float()
     freqs = positions[:, None] * inv_freq[None, :]
     # HF's cos/sin repeat these over both halves; the cos | sin table keeps one.
@@ -290,17 +334,33 @@ class _SpyreRotaryBackendMixin:
         for name, module in list(self.model.named_modules()):
             if not _is_hf_rotary(module):
                 continue
-            params = inspect.signature(module.forward).parameters
-            if list(params) != ["x", "position_ids"]:
+            params = tuple(inspect.signature(module.forward).parameters)
+            layer_types = _layer_types(module)
+            if params not in REPLACEABLE_ROTARY_SIGNATURES or (
+                (params == PER_LAYER_TYPE_SIGNATURE) != bool(layer_types)
+            ):
                 raise NotImplementedError(
-                    f"{type(module).__name__} ({name}) has forward{tuple(params)}; the "
-                    "Spyre Transformers backend replaces rotary modules with the "
-                    "forward(x, position_ids) signature only."
+                    f"{type(module).__name__} ({name}) has forward{params}; the Spyre "
+                    "Transformers backend replaces rotary modules with the forward(x, "
+                    "position_ids) signature, or forward(x, position_ids, layer_type) with "
+                    "{layer_type}_inv_freq buffers, only."
                 )
-            cache, partner = build_rotation_cache(
-                module, max_positions, dtype, pad, model_config.get_head_size()
-            )
-            spyre = SpyreHFRotaryEmbedding(cache, type(module).__name__, partner)
+            head_size = model_config.get_head_size()
+            source = type(module).__name__
+            spyre: nn.Module
+            if layer_types:
+                per_type = {}
+                for layer_type in layer_types:
+                    cache, partner = build_rotation_cache(
+                        module, max_positions, dtype, pad, head_size, layer_type
+                    )
+                    per_type[layer_type] = SpyreHFRotaryEmbedding(
+                        cache, f"{source}[{layer_type}]", partner
+                    )
+                spyre = SpyreHFLayerTypeRotaryEmbedding(per_type)
+            else:
+                cache, partner = build_rotation_cache(module, max_positions, dtype, pad, head_size)
+                spyre = SpyreHFRotaryEmbedding(cache, source, partner)
             parent_name, _, child = name.rpartition(".")
             parent = self.model.get_submodule(parent_name) if parent_name else self.model
             setattr(parent, child, spyre)
@@ -360,6 +420,7 @@ class SpyreTransformersMoEForCausalLM(_SpyreRotaryBackendMixin, TransformersMoEF
 
 
 __all__ = [
+    "SpyreHFLayerTypeRotaryEmbedding",
     "SpyreHFRotaryEmbedding",
     "SpyreTransformersForCausalLM",
     "SpyreTransformersMoEForCausalLM",
