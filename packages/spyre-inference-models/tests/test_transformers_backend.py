@@ -231,10 +231,10 @@ MAX_TOKENS = 16
 PROMPTS = TEST_PROMPTS[:6]
 
 
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "compiled"])
-def test_tiny_llama_transformers_backend_equals_hf(tiny_llama, make_llm, eager) -> None:
+def test_tiny_llama_transformers_backend_equals_hf(tiny_llama, make_llm) -> None:
+    """Eager; the backend's compiled blocks are the Arcee and GPT-NeoX cases below."""
     want = hf_greedy(tiny_llama, PROMPTS, MAX_TOKENS, "float32")
-    llm = make_llm(tiny_llama, dtype="float32", model_impl="transformers", enforce_eager=eager)
+    llm = make_llm(tiny_llama, dtype="float32", model_impl="transformers", enforce_eager=True)
     (info,) = llm.apply_model(_inspect)
     assert info["model"] == "SpyreTransformersForCausalLM"
     assert "SpyreHFRotaryEmbedding" in info["classes"]
