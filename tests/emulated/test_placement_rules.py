@@ -181,3 +181,17 @@ def test_moe_routing_on_the_device_needs_a_recipe_on_the_card_path() -> None:
     layer = SimpleNamespace(layer_name="model.layers.0.mlp.experts", custom_routing_function=len)
     with pytest.raises(NotImplementedError, match=r"top-k on the device.*MoeRecipe"):
         default_recipe(layer)
+
+
+def test_model_buffers_the_card_cannot_hold_stay_on_the_host() -> None:
+    """A bool buffer (GPT-BigCode's legacy causal mask, never read) stays on the host
+    when the model moves; floats and int64 indices move."""
+    from spyre_inference.platform.model_runner import move_model_to_device
+
+    model = torch.nn.Linear(64, 64, dtype=torch.float16)
+    model.register_buffer("mask", torch.ones(8, 8, dtype=torch.bool), persistent=False)
+    model.register_buffer("index", torch.arange(8), persistent=False)
+    move_model_to_device(model)
+    assert model.weight.device.type == "spyre" and model.index.device.type == "spyre"
+    assert model.mask.device.type == "cpu"
+    assert not dev.placeable_on_device(torch.int8) and dev.placeable_on_device(torch.int32)

@@ -228,6 +228,15 @@ def note_transfer(direction: str) -> None:
     setattr(transfers, direction, getattr(transfers, direction) + 1)
 
 
+def placeable_on_device(dtype: torch.dtype) -> bool:
+    """Whether the card holds tensors of ``dtype``: floats, and int64 / int32 as
+    gather and scatter indices; never bool or small integers (spec: no int/bool
+    tensors on the device beyond indices)."""
+    if dtype.is_floating_point:
+        return True
+    return dtype in (torch.int64, torch.int32)
+
+
 def to_device(t: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Place a host tensor for device compute.
 

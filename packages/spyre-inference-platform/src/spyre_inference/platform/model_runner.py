@@ -104,7 +104,7 @@ class TorchSpyreModelRunner(GPUModelRunner):
             # platform's punica wrapper, before the blocks are compiled.
             model = self.load_lora_model(model, self.vllm_config, self.device)
         if dev.is_spyre():
-            _move_to_device(model)
+            move_model_to_device(model)
         self.model = model
         self._wrapper = _SpyreModelWrapper(model)
         self.model_memory_usage = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -373,22 +373,33 @@ def _zero_blocks(t: torch.Tensor, idx: torch.Tensor, num_blocks: int) -> None:
             return
 
 
-def _move_to_device(model: nn.Module) -> None:
-    """Move the model to the card, except Attention scale buffers.
+def move_model_to_device(model: nn.Module) -> None:
+    """Move the model to the card, except Attention scale buffers and buffers of a
+    dtype the card cannot hold.
 
     Spec: "load_model moves every module except Attention scale buffers onto
     Spyre" — those scales are read on the host by the attention metadata path.
+    A bool or small-integer buffer stays on the host too (the card has no such
+    tensors): Hugging Face's GPT-BigCode keeps a legacy ``[max_pos, max_pos]``
+    bool mask its forward no longer reads. One a forward does read then fails
+    as a host tensor meeting device ones, not as an allocation.
     """
     from vllm.model_executor.layers.attention import Attention
 
-    for module in model.modules():
+    kept: list[str] = []
+    for module_name, module in model.named_modules():
         keep_on_host = isinstance(module, Attention)
         for param in module.parameters(recurse=False):
             param.data = dev.to_device(param.data)
         for name, buf in list(module.named_buffers(recurse=False)):
             if keep_on_host and "scale" in name:
                 continue
+            if buf is not None and not dev.placeable_on_device(buf.dtype):
+                kept.append(f"{module_name}.{name} ({buf.dtype})")
+                continue
             module._buffers[name] = dev.to_device(buf)
+    if kept and dev.is_spyre():
+        logger.info("Buffers kept on the host (no %s on the card): %s", "bool/small-int", kept)
 
 
 def refresh_derived_weights(model: torch.nn.Module) -> None:
