@@ -33,6 +33,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     from vllm.config import VllmConfig
 
 #: The module of vLLM's Transformers backend classes.
@@ -62,6 +64,16 @@ PER_LAYER_TYPE_SIGNATURE = ("x", "position_ids", "layer_type")
 REPLACEABLE_ROTARY_SIGNATURES = (("x", "position_ids"), PER_LAYER_TYPE_SIGNATURE)
 
 
+def _hf_modeling(model_type: str) -> ModuleType | None:
+    """transformers' modeling module of ``model_type``, or ``None`` when it has none."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    except ImportError:
+        return None
+
+
 def hf_rotary_signatures(model_type: str) -> dict[str, tuple[str, ...]] | None:
     """transformers' ``*RotaryEmbedding`` classes for ``model_type`` -> their forward parameters.
 
@@ -73,14 +85,10 @@ def hf_rotary_signatures(model_type: str) -> dict[str, tuple[str, ...]] | None:
     ``forward(x, position_ids, layer_type)``) is replaced per type.
     ``None`` when transformers has no modeling module of that name.
     """
-    import importlib
     import inspect
 
-    try:
-        modeling = importlib.import_module(
-            f"transformers.models.{model_type}.modeling_{model_type}"
-        )
-    except ImportError:
+    modeling = _hf_modeling(model_type)
+    if modeling is None:
         return None
     return {
         name: tuple(inspect.signature(cls.forward).parameters)[1:]
@@ -116,17 +124,13 @@ def _hf_attention_head_size(model_type: str, text_config: object, head_dim: int)
     ``None`` when no attention class can be built this way (nothing to tell).
     """
     import copy
-    import importlib
     import inspect
 
     import torch
     from torch import nn
 
-    try:
-        modeling = importlib.import_module(
-            f"transformers.models.{model_type}.modeling_{model_type}"
-        )
-    except ImportError:
+    modeling = _hf_modeling(model_type)
+    if modeling is None:
         return None
     config = copy.deepcopy(text_config)
     config.head_dim = head_dim

@@ -399,7 +399,7 @@ def move_model_to_device(model: nn.Module) -> None:
                 continue
             module._buffers[name] = dev.to_device(buf)
     if kept and dev.is_spyre():
-        logger.info("Buffers kept on the host (no %s on the card): %s", "bool/small-int", kept)
+        logger.info("Buffers kept on the host (the card holds no bool/small ints): %s", kept)
 
 
 def refresh_derived_weights(model: torch.nn.Module) -> None:

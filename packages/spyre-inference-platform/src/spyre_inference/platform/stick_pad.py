@@ -258,22 +258,12 @@ def _widen_rope_factors(text_config: Any, pad: DimPad) -> None:
     ops package's RoPE recomputes its rotations at the original width and gives
     the padded pairs the identity rotation.
     """
-    params = getattr(text_config, "rope_parameters", None)
-    if not isinstance(params, dict):
-        return
-    if params and all(isinstance(v, dict) for v in params.values()):  # per layer type
-        text_config.rope_parameters = {k: _widened_factors(v, pad) for k, v in params.items()}
-    else:
-        text_config.rope_parameters = _widened_factors(params, pad)
-
-
-def _widened_factors(params: dict[str, Any], pad: DimPad) -> dict[str, Any]:
-    out = dict(params)
-    for field in PER_FREQUENCY_ROPE_FIELDS:
-        factors = out.get(field)
-        if isinstance(factors, list) and len(factors) == pad.original // 2:
-            out[field] = [*factors, *([1.0] * ((pad.padded - pad.original) // 2))]
-    return out
+    extra = [1.0] * ((pad.padded - pad.original) // 2)
+    for params in rope_parameter_sets(text_config):
+        for field in PER_FREQUENCY_ROPE_FIELDS:
+            factors = params.get(field)
+            if isinstance(factors, list) and len(factors) == pad.original // 2:
+                params[field] = [*factors, *extra]
 
 
 def widen_config(vllm_config: VllmConfig) -> StickPadPlan | None:
