@@ -4,11 +4,13 @@ Each example is run as a user would run it (``python examples/<name>.py ...``,
 a separate process), on a tiny random model instead of the default SmolLM2 so
 the whole module stays cheap, with ``--enforce-eager`` (no block compilation)
 and float32 so the output can be compared exactly with Hugging Face
-transformers on the same weights. ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps
-vLLM's engine core in the example's own process: it saves one ~20 s import of
-vLLM per example and changes nothing the example does (the multiprocess engine
-is what every other e2e test runs). The ``vllm serve`` + ``openai`` client
-example runs against the server of ``test_serve.py``.
+transformers on the same weights (the tensor-parallel example excepted: it runs
+compiled in bfloat16, the TP setting no other e2e test covers).
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` keeps vLLM's engine core in the example's
+own process: it saves one ~20 s import of vLLM per example and changes nothing
+the example does (the multiprocess engine is what every other e2e test runs).
+The ``vllm serve`` + ``openai`` client example runs against the server of
+``test_serve.py``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import pytest
 import torch
 
-from spyre_inference.testing import hf_greedy
+from spyre_inference.testing import assert_greedy_close, hf_greedy, hf_greedy_with_logprobs
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MAX_TOKENS = 8
@@ -118,11 +120,21 @@ def test_embeddings_equal_hf_and_rank_by_cosine(tiny_bert: Path, tmp_path: Path)
     assert printed == ranked
 
 
-def test_tensor_parallel_equals_hf(tiny_llama: Path, tmp_path: Path) -> None:
-    args = ["--model", str(tiny_llama), "--tensor-parallel-size", "2", *EXACT, *SMALL]
+def test_tensor_parallel_close_to_hf(tiny_llama: Path, tmp_path: Path) -> None:
+    """The TP example as users run it: compiled blocks in the default dtype (bfloat16).
+
+    This is the e2e suite's one compiled bfloat16 TP=2 engine (the collectives
+    inside the block graphs); exact float32 TP=2 runs in ``test_tensor_parallel.py``
+    (compiled) and ``test_moe_tp_stick_widening.py`` (eager). bfloat16 all-reduces
+    may flip near-ties only.
+    """
+    args = ["--model", str(tiny_llama), "--tensor-parallel-size", "2", *SMALL]
     stdout, results = run_example(
         "tensor_parallel.py", [*args, "--max-tokens", str(MAX_TOKENS)], tmp_path
     )
     assert "tensor_parallel_size=2\n" in stdout
-    expected = hf_greedy(tiny_llama, [r["prompt"] for r in results], MAX_TOKENS, ignore_eos=False)
-    assert [r["token_ids"] for r in results] == expected
+    reference = hf_greedy_with_logprobs(
+        tiny_llama, [r["prompt"] for r in results], MAX_TOKENS, "float32", ignore_eos=False
+    )
+    exact = assert_greedy_close(reference, [r["token_ids"] for r in results], max_logprob_gap=0.1)
+    assert exact >= len(results) // 2

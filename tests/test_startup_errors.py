@@ -7,6 +7,8 @@ reaches the user's own process.
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from transformers import AutoConfig
@@ -25,7 +27,8 @@ def _fresh_settings(monkeypatch):
 
 
 def _config(model, **kwargs):
-    return EngineArgs(model=str(model), max_model_len=256, **kwargs).create_engine_config()
+    kwargs.setdefault("max_model_len", 256)
+    return EngineArgs(model=str(model), **kwargs).create_engine_config()
 
 
 def _small(model_type: str, architecture: str, **fields):
@@ -449,6 +452,48 @@ def test_unsupported_engine_option_is_refused_at_start_up(tiny_llama, option, ex
     this, each died inside the engine process with an unrelated error)."""
     with pytest.raises(ValueError, match=expected):
         _config(tiny_llama, **option)
+
+
+def test_prefetch_weight_offloading_is_refused_and_uva_is_a_no_op(tiny_llama) -> None:
+    """vLLM's prefetch offloader needs CUDA streams (it died building the model);
+    ``--cpu-offload-gb`` passes on the cpu target, where the weights are host memory."""
+    with pytest.raises(ValueError, match=r"prefetch weight offloading .*CUDA streams"):
+        _config(tiny_llama, offload_group_size=2, offload_num_in_group=1)
+    assert _config(tiny_llama, cpu_offload_gb=1).offload_config.uva.cpu_offload_gb == 1
+
+
+def test_xxhash_prefix_hashing_without_the_package_is_refused(tiny_llama) -> None:
+    """vLLM imports xxhash in the engine process, which died at start without it."""
+    if importlib.util.find_spec("xxhash") is not None:
+        assert _config(tiny_llama, prefix_caching_hash_algo="xxhash")
+        return
+    with pytest.raises(ValueError, match=r"--prefix-caching-hash-algo xxhash .*pip install"):
+        _config(tiny_llama, prefix_caching_hash_algo="xxhash")
+
+
+def test_a_memory_share_below_one_sequence_is_refused_with_the_numbers(tmp_path) -> None:
+    """``--gpu-memory-utilization`` too small for one sequence's KV cache fails in the
+    user's process (it failed in the engine's memory plan, after the weights loaded)."""
+    import psutil
+
+    layers, kv_heads, head, tokens = 8, 8, 128, 8192
+    model = save_config_only(
+        AutoConfig.for_model(
+            "llama", vocab_size=1024, hidden_size=kv_heads * head, num_hidden_layers=layers,
+            num_attention_heads=kv_heads, num_key_value_heads=kv_heads, intermediate_size=512,
+            architectures=["LlamaForCausalLM"], max_position_embeddings=tokens,
+        ),
+        tmp_path / "long-context",
+    )  # fmt: skip
+    one_sequence = 2 * kv_heads * head * layers * tokens * 2  # K and V, bfloat16: 0.25 GiB
+    share = one_sequence / psutil.virtual_memory().total
+    expected = (
+        rf"--gpu-memory-utilization {share / 4:g} gives each worker .* less than .* "
+        r"max_model_len=8192 .*0.25 GiB.* Raise --gpu-memory-utilization above"
+    )
+    with pytest.raises(ValueError, match=expected):
+        _config(model, dtype="bfloat16", max_model_len=tokens, gpu_memory_utilization=share / 4)
+    assert _config(model, dtype="bfloat16", max_model_len=tokens, gpu_memory_utilization=0.9)
 
 
 def test_the_spyre_attention_backend_may_be_named(tiny_llama) -> None:

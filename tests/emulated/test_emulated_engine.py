@@ -153,6 +153,13 @@ def test_quantization_is_refused_on_the_card_path_before_the_engine(tiny_llama) 
         LLM(str(tiny_llama), quantization="fp8", **ENGINE)
 
 
+def test_weight_offloading_is_refused_on_the_card_path_before_the_engine(tiny_llama) -> None:
+    """The card's graphs read weights from its memory: ``--cpu-offload-gb`` would be
+    silently ignored (the plugin builds on the host, so vLLM's offloader moves nothing)."""
+    with pytest.raises(ValueError, match=r"--cpu-offload-gb 1 is not supported on a Spyre card"):
+        LLM(str(tiny_llama), cpu_offload_gb=1, **ENGINE)
+
+
 def _mamba_states(model: torch.nn.Module) -> list[tuple[str, str, torch.dtype, int]]:
     """(mixer class, device, dtype, last dimension) of every Mamba state tensor."""
     return [

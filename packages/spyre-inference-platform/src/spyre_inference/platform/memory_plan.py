@@ -26,6 +26,16 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 GiB = 1 << 30
+MiB = 1 << 20
+
+
+def size_text(nbytes: float) -> str:
+    """``nbytes`` for a message: GiB, or MiB below a tenth of one (a tiny model's
+    cache would otherwise read "0.00 GiB")."""
+    if abs(nbytes) < GiB / 10:
+        return f"{nbytes / MiB:.1f} MiB"
+    return f"{nbytes / GiB:.2f} GiB"
+
 
 #: Inductor and Dynamo state built while warm-up compiles every bucket's block
 #: graphs, plus Inductor's compile worker processes and the C++ compiler,
@@ -136,18 +146,18 @@ def plan_host_kv(
     )
     if kv < max(one_sequence_kv, 1):
         limit = (
-            f"gpu_memory_utilization={utilization} of the host grants {share / GiB:.2f} GiB "
-            f"beyond the worker's {worker_rss / GiB:.2f} GiB"
+            f"gpu_memory_utilization={utilization} of the host grants {size_text(share)} "
+            f"beyond the worker's {size_text(worker_rss)}"
             if share <= after_reserve
-            else f"the host has {available / GiB:.2f} GiB available and warm-up and serving "
-            f"need {plan.reserve_bytes / GiB:.2f} GiB of it ("
-            + ", ".join(f"{k} {v / GiB:.2f}" for k, v in reserve.items())
+            else f"the host has {size_text(available)} available and warm-up and serving "
+            f"need {size_text(plan.reserve_bytes)} of it ("
+            + ", ".join(f"{k} {size_text(v)}" for k, v in reserve.items())
             + ")"
         )
         raise ValueError(
             f"Not enough host memory for the KV cache: one sequence of max_model_len tokens "
-            f"needs {one_sequence_kv / GiB:.2f} GiB, but {limit}, which leaves "
-            f"{max(kv, 0) / GiB:.2f} GiB. Lower --max-model-len or --max-num-seqs / "
+            f"needs {size_text(one_sequence_kv)}, but {limit}, which leaves "
+            f"{size_text(max(kv, 0))}. Lower --max-model-len or --max-num-seqs / "
             "--max-num-batched-tokens, use a 16-bit --dtype, raise --gpu-memory-utilization, "
             "or set --kv-cache-memory-bytes."
         )
@@ -224,10 +234,13 @@ def startup_lower_bound(vllm_config: VllmConfig) -> dict[str, int]:
 
 __all__ = [
     "COMPILE_RESERVE",
+    "GiB",
     "HostMemoryPlan",
+    "MiB",
     "StepShape",
     "peak_rss_bytes",
     "plan_host_kv",
+    "size_text",
     "startup_lower_bound",
     "step_reserve",
     "step_shape",

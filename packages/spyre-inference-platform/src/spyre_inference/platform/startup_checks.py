@@ -18,6 +18,7 @@ too, so the core never imports a sub-package by name.
 from __future__ import annotations
 
 import importlib.util
+import math
 from typing import TYPE_CHECKING
 
 from spyre_inference.platform import (
@@ -82,7 +83,7 @@ def check_host_memory(vllm_config: VllmConfig) -> None:
 
     import psutil
 
-    from spyre_inference.platform.memory_plan import GiB, startup_lower_bound
+    from spyre_inference.platform.memory_plan import GiB, size_text, startup_lower_bound
 
     if device.is_spyre() or vllm_config.model_config is None:
         return
@@ -92,14 +93,35 @@ def check_host_memory(vllm_config: VllmConfig) -> None:
     # that exists. The marker names the configuration checked; engine
     # processes inherit it.
     mc, sc = vllm_config.model_config, vllm_config.scheduler_config
+    cc, pc = vllm_config.cache_config, vllm_config.parallel_config
     key = (
         f"{mc.model}|{mc.dtype}|{mc.max_model_len}|{sc.max_num_seqs}|"
-        f"{sc.max_num_batched_tokens}|{vllm_config.parallel_config.tensor_parallel_size}"
+        f"{sc.max_num_batched_tokens}|{pc.tensor_parallel_size}|{pc.pipeline_parallel_size}|"
+        f"{cc.gpu_memory_utilization}|{cc.kv_cache_memory_bytes}"
     )
     if os.environ.get(_HOST_MEMORY_CHECKED) == key:
         return
     need = startup_lower_bound(vllm_config)
-    available = psutil.virtual_memory().available
+    memory = psutil.virtual_memory()
+    available = memory.available
+    if not cc.kv_cache_memory_bytes:
+        # Each worker's KV cache is gpu_memory_utilization of the host minus what
+        # the worker holds (memory_plan.plan_host_kv, as vLLM's CPU worker): a
+        # share below the worker's part of the weights and of one sequence's
+        # cache fails in every engine, after the weights have loaded.
+        workers = pc.tensor_parallel_size * pc.pipeline_parallel_size
+        floor = (need["weights"] + need["kv_one_sequence"] * pc.pipeline_parallel_size) / workers
+        share = memory.total * cc.gpu_memory_utilization
+        if share < floor:
+            enough = math.ceil(100 * floor / memory.total) / 100
+            raise ConfigError(
+                f"--gpu-memory-utilization {cc.gpu_memory_utilization:g} gives each worker "
+                f"{size_text(share)} of the host's {size_text(memory.total)}, less than its "
+                f"part of the weights and of one max_model_len={mc.max_model_len} sequence's "
+                f"KV cache alone ({size_text(floor)}, before what torch and vLLM hold). Raise "
+                f"--gpu-memory-utilization above {enough:g}, lower "
+                "--max-model-len, or set --kv-cache-memory-bytes."
+            )
     if sum(need.values()) <= available:
         os.environ[_HOST_MEMORY_CHECKED] = key
         return
@@ -194,6 +216,14 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
             "spyre-inference-ops, which is not loaded: install it (and keep spyre_ops in "
             "VLLM_PLUGINS), or serve an unquantized bfloat16/float16/float32 checkpoint"
         )
+    algo = vllm_config.cache_config.prefix_caching_hash_algo
+    if algo.startswith("xxhash") and importlib.util.find_spec("xxhash") is None:
+        # vLLM imports it lazily, in the engine process, which then dies at start.
+        problems.append(
+            f"--prefix-caching-hash-algo {algo} needs the xxhash package, which is not "
+            "installed: pip install xxhash, or use sha256 (the default)"
+        )
+    problems.extend(weight_offload_problems(vllm_config))
     problems.extend(attention_backend_problems(vllm_config))
     problems.extend(kv_transfer_problems(vllm_config))
     problems.extend(mamba_checks.mamba_problems(vllm_config))
@@ -204,6 +234,41 @@ def check_engine_options(vllm_config: VllmConfig) -> None:
             "spyre-inference cannot serve these engine options:\n"
             + "\n".join(f"  - {p}" for p in problems)
         )
+
+
+def weight_offload_problems(vllm_config: VllmConfig) -> list[str]:
+    """vLLM's weight offloading: prefetch is refused everywhere, UVA on a card.
+
+    The prefetch offloader overlaps its copies with CUDA streams and events and
+    dies building the model ("Tried to instantiate dummy base class Event").
+    The UVA offloader (``--cpu-offload-gb``) moves only parameters that are on
+    an accelerator when the model is built: the plugin builds on the host, so
+    on the cpu target it moves nothing, and the weights are in host memory
+    anyway (what offloading would achieve); on a card the weights would then
+    all move to the card regardless, silently ignoring the option.
+    """
+    config = getattr(vllm_config, "offload_config", None)
+    if config is None:
+        return []
+    backend = config.offload_backend
+    prefetch = backend == "prefetch" or (
+        backend == "auto" and config.prefetch.offload_group_size > 0
+    )
+    if prefetch:
+        return [
+            "prefetch weight offloading (--offload-group-size / --offload-backend prefetch) "
+            "is not supported by spyre-inference: vLLM's prefetch offloader overlaps its "
+            "copies with CUDA streams. Remove it; on the cpu target the weights already "
+            "live in host memory"
+        ]
+    if config.uva.cpu_offload_gb > 0 and device.is_spyre():
+        return [
+            f"--cpu-offload-gb {config.uva.cpu_offload_gb:g} is not supported on a Spyre "
+            "card: the compiled graphs read every weight from the card's memory. Remove "
+            "--cpu-offload-gb; to fit a larger model, split it over cards with "
+            "--tensor-parallel-size"
+        ]
+    return []
 
 
 #: The one ``AttentionBackendEnum`` member a user may name: vLLM's slot for
