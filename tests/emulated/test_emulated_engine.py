@@ -24,7 +24,7 @@ from vllm import LLM, SamplingParams
 from spyre_inference.platform import device as dev
 from spyre_inference.platform import emulated_card
 from spyre_inference.testing import TEST_PROMPTS, assert_greedy_close
-from spyre_inference.testing.hf import hf_greedy_with_logprobs
+from spyre_inference.testing.hf import hf_greedy_with_logprobs, hf_input_embeddings
 
 MAX_TOKENS = 12
 ENGINE = {
@@ -151,6 +151,25 @@ def test_quantization_is_refused_on_the_card_path_before_the_engine(tiny_llama) 
     """The 8-bit kernels have run on the cpu target only: the card path refuses them."""
     with pytest.raises(ValueError, match=r"quantization='fp8' .*not been verified on the Spyre"):
         LLM(str(tiny_llama), quantization="fp8", **ENGINE)
+
+
+def test_prompt_embeds_close_to_transformers_float16(tiny_llama, in_process) -> None:
+    """``--enable-prompt-embeds`` on the card path: vLLM embeds the token-id rows
+    itself with host ids into its ``inputs_embeds`` buffer (it failed on the
+    emulated card: a host index into the device table); embeddings and token-id
+    prompts share a batch."""
+    prompts = list(TEST_PROMPTS[:4])
+    embeds = hf_input_embeddings(tiny_llama, prompts[:2], torch.float16)
+    llm = LLM(str(tiny_llama), enable_prompt_embeds=True, **ENGINE)
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        inputs = [{"prompt_embeds": e} for e in embeds] + prompts[2:]
+        got = [list(o.outputs[0].token_ids) for o in llm.generate(inputs, params)]
+    finally:
+        _shutdown(llm)
+    reference = hf_greedy_with_logprobs(tiny_llama, prompts, MAX_TOKENS, torch.float16)
+    exact = assert_greedy_close(reference, got)
+    print(f"\nprompt embeds, emulated float16: {exact}/{len(prompts)} identical to HF float16")
 
 
 def test_weight_offloading_is_refused_on_the_card_path_before_the_engine(tiny_llama) -> None:

@@ -9,8 +9,10 @@ pairs collapse to one tensor and no copy is made.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
@@ -64,6 +66,11 @@ class TorchSpyreModelRunner(GPUModelRunner):
         # Buffers built by vLLM's input batch and block tables hold sampling
         # parameters and index bookkeeping: host data on both targets.
         alias_host_buffers(self)
+        if dev.is_spyre() and self.enable_prompt_embeds:
+            # vLLM writes embeddings into this buffer with host indices
+            # (_preprocess), which a device tensor cannot take: the buffer stays
+            # on the host and the model's input hook moves each step's rows.
+            self.inputs_embeds.gpu = self.inputs_embeds.cpu
         if settings.get("SPYRE_SAMPLER") == "candidates":
             # vLLM picks its sampler by platform; without Triton and not its CPU
             # backend, that is the full-sort PyTorch path (see host_sampler).
@@ -142,6 +149,12 @@ class TorchSpyreModelRunner(GPUModelRunner):
             inputs_embeds=inputs_embeds,
             **model_kwargs,
         )
+
+    def _preprocess(self, *args: Any, **kwargs: Any) -> Any:
+        if not (self.enable_prompt_embeds and dev.is_spyre()):
+            return super()._preprocess(*args, **kwargs)
+        with _embedding_through_the_device(self.model):
+            return super()._preprocess(*args, **kwargs)
 
     # ---- KV cache --------------------------------------------------------
 
@@ -362,6 +375,29 @@ class TorchSpyreModelRunner(GPUModelRunner):
                     continue
                 seen.add(t.data_ptr())
                 _zero_blocks(t, idx, self.kv_cache_config.num_blocks)
+
+
+@contextlib.contextmanager
+def _embedding_through_the_device(model: nn.Module) -> Iterator[None]:
+    """``model.embed_input_ids`` taking host ids and returning host rows, for one call.
+
+    With prompt embeddings vLLM embeds a batch's token-id rows itself, outside
+    the model call and its conversions (``GPUModelRunner._preprocess`` calls
+    ``self.model.embed_input_ids`` with the runner's host ids and writes the
+    rows into the host ``inputs_embeds`` buffer); on the card path the table is
+    on the device. vLLM offers no hook there, so the method is shadowed on the
+    instance for the duration of that call only.
+    """
+    embed = model.embed_input_ids
+
+    def embed_on_the_device(input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        return dev.to_host(embed(dev.to_device(input_ids, dtype=torch.int64), **kwargs))
+
+    model.embed_input_ids = embed_on_the_device
+    try:
+        yield
+    finally:
+        del model.embed_input_ids
 
 
 def _zero_blocks(t: torch.Tensor, idx: torch.Tensor, num_blocks: int) -> None:

@@ -168,7 +168,9 @@ class _SpyreModelWrapper:
 def _inputs_to_device(
     module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """Token ids and positions (host int32/int64) -> device int64, for the gathers."""
+    """Token ids and positions (host int32/int64) -> device int64, for the gathers;
+    prompt embeddings, kept on the host with ``--enable-prompt-embeds`` (see the
+    runner), -> device."""
     args = list(args)
     for i, name in enumerate(("input_ids", "positions")):
         if name in kwargs:
@@ -176,6 +178,9 @@ def _inputs_to_device(
                 kwargs[name] = _index_to_device(kwargs[name])
         elif i < len(args) and args[i] is not None:
             args[i] = _index_to_device(args[i])
+    embeds = kwargs.get("inputs_embeds")
+    if embeds is not None and embeds.device.type == "cpu":
+        kwargs["inputs_embeds"] = dev.to_device(embeds)
     return tuple(args), kwargs
 
 

@@ -16,6 +16,7 @@ from spyre_inference.testing.hf import (
     hf_cross_encoder_scores,
     hf_greedy,
     hf_greedy_with_logprobs,
+    hf_input_embeddings,
     vllm_greedy_with_top_logprobs,
 )
 from spyre_inference.testing.inproc import (
@@ -60,6 +61,7 @@ __all__ = [
     "hf_cross_encoder_scores",
     "hf_greedy",
     "hf_greedy_with_logprobs",
+    "hf_input_embeddings",
     "inductor_calls",
     "runner_of",
     "save_tokenizer",

@@ -98,6 +98,21 @@ def hf_greedy_with_logprobs(
     return results
 
 
+def hf_input_embeddings(
+    model_dir: str | os.PathLike[str], prompts: Sequence[str], dtype: DTypeLike = torch.float32
+) -> list[torch.Tensor]:
+    """Each prompt's ``[tokens, hidden]`` input embeddings from transformers' own
+    embedding table (tokenized as vLLM does for completions): what a user hands
+    vLLM as ``{"prompt_embeds": ...}`` with ``--enable-prompt-embeds``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=_dtype(dtype)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    table = model.get_input_embeddings()
+    with torch.inference_mode():
+        return [table(torch.tensor(tokenizer(p).input_ids)).clone() for p in prompts]
+
+
 def hf_greedy(
     model_dir: str | os.PathLike[str],
     prompts: Sequence[str] | Sequence[Sequence[int]],
