@@ -345,6 +345,23 @@ def test_moe_weighting_expert_inputs_is_rejected(config_only) -> None:
 
 
 @pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ({"enable_expert_parallel": True, "tensor_parallel_size": 2}, "--enable-expert-parallel"),
+        ({"enable_return_routed_experts": True}, "--enable-return-routed-experts"),
+    ],
+    ids=["expert-parallel", "routed-experts"],
+)
+def test_moe_options_the_spyre_method_does_not_compute_are_refused(
+    tiny_model_factory, option, expected
+) -> None:
+    """Each died inside the engine: expert parallelism building the first MoE layer,
+    the routed-experts capture on the first step (the Spyre forms record no top-k)."""
+    with pytest.raises(ValueError, match=rf"{expected} is not supported .*Remove {expected}"):
+        _config(tiny_model_factory("mixtral"), **option)
+
+
+@pytest.mark.parametrize(
     ("name", "padded", "width"),
     [("partial_rope_padded_head", 128, 32), ("partial_rope_head_160", 192, 40)],
     ids=["phi2_head_80", "stablelm2_12b_head_160"],

@@ -244,7 +244,17 @@ ROUTER_WEIGHT_ON_INPUT_ARCHITECTURES = frozenset(
 
 
 def check_moe_routing(vllm_config: VllmConfig) -> None:
-    """Refuse a MoE model that weights expert inputs by the router weight."""
+    """Refuse what the Spyre MoE method does not compute, before an engine starts.
+
+    Expert weighting on the input (Llama 4); expert parallelism (each rank holds
+    every expert's shard of the intermediate instead: the method's forms
+    contract over all experts, ``moe.py``, which refused it building the first
+    layer, inside the engine); vLLM's capture of the routed experts
+    (``--enable-return-routed-experts``: vLLM's fused-MoE kernels record the
+    top-k ids, the Spyre forms route by themselves and record nothing, and the
+    engine died on its first step with "auxiliary output worker output is
+    missing").
+    """
     model_config = vllm_config.model_config
     if model_config is None or model_config.get_num_experts() <= 0:
         return
@@ -260,6 +270,19 @@ def check_moe_routing(vllm_config: VllmConfig) -> None:
             "spyre-inference MoE method (the models package) weights expert outputs, which "
             "is a different computation for these models. Serve a mixture-of-experts model "
             "that weights expert outputs (Mixtral, Qwen3-MoE, Granite MoE, gpt-oss, Gemma 4)"
+        )
+    if vllm_config.parallel_config.enable_expert_parallel:
+        raise MoeRoutingConfigError(
+            "--enable-expert-parallel is not supported by spyre-inference's MoE method: it "
+            "splits each expert's intermediate over the --tensor-parallel-size ranks "
+            "instead, every rank holding every expert. Remove --enable-expert-parallel"
+        )
+    aux = getattr(vllm_config, "aux_output_config", None)
+    if aux is not None and aux.enable_return_routed_experts:
+        raise MoeRoutingConfigError(
+            "--enable-return-routed-experts is not supported by spyre-inference: vLLM "
+            "records the routed experts inside its fused-MoE kernels, and the Spyre MoE "
+            "method routes by itself without them. Remove --enable-return-routed-experts"
         )
 
 
