@@ -26,6 +26,13 @@ NEW_TOKENS = 16
 LONG_PROMPT_TOKENS = 700
 
 
+@pytest.fixture
+def llm_in_process() -> bool:
+    """The engines run in the test's process: this test is about what they compute
+    (no engine process to spawn and import, ~15 s each on a 2-core host)."""
+    return True
+
+
 @pytest.fixture(scope="module")
 def gemma3_dir() -> Path:
     try:
