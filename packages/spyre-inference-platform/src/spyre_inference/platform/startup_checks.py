@@ -31,9 +31,12 @@ from spyre_inference.platform import (
     token_buckets,
 )
 from spyre_inference.platform.device import STICK_ELEMS
+from spyre_inference.platform.logs import get_logger
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+logger = get_logger(__name__)
 
 
 class ConfigError(ValueError):
@@ -261,13 +264,19 @@ def weight_offload_problems(vllm_config: VllmConfig) -> list[str]:
             "copies with CUDA streams. Remove it; on the cpu target the weights already "
             "live in host memory"
         ]
-    if config.uva.cpu_offload_gb > 0 and device.is_spyre():
-        return [
-            f"--cpu-offload-gb {config.uva.cpu_offload_gb:g} is not supported on a Spyre "
-            "card: the compiled graphs read every weight from the card's memory. Remove "
-            "--cpu-offload-gb; to fit a larger model, split it over cards with "
-            "--tensor-parallel-size"
-        ]
+    if config.uva.cpu_offload_gb > 0:
+        if device.is_spyre():
+            return [
+                f"--cpu-offload-gb {config.uva.cpu_offload_gb:g} is not supported on a Spyre "
+                "card: the compiled graphs read every weight from the card's memory. Remove "
+                "--cpu-offload-gb; to fit a larger model, split it over cards with "
+                "--tensor-parallel-size"
+            ]
+        logger.info(
+            "--cpu-offload-gb %g: on the cpu target every weight is in host memory already; "
+            "nothing is offloaded",
+            config.uva.cpu_offload_gb,
+        )
     return []
 
 
