@@ -73,6 +73,16 @@ def _serve_greedy(llm: LLM, prompts: list[str]) -> tuple[list[list[int]], tuple[
     return got, moved
 
 
+def _greedy_and_shut_down(llm: LLM, inputs: list) -> list[list[int]]:
+    """Greedy tokens of ``inputs`` (prompts or ``{"prompt_embeds": ...}``); the engine is
+    shut down whatever happens."""
+    try:
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+        return [list(o.outputs[0].token_ids) for o in llm.generate(inputs, params)]
+    finally:
+        _shutdown(llm)
+
+
 #: Config overrides per kind: GLM-4 with 80-wide heads puts interleaved, partial
 #: (half the head, pinned to 40 entries) and stick-padded (80 -> 128) RoPE on the card.
 GREEDY_OVERRIDES = {"glm4": {"head_dim": 80}}
@@ -161,12 +171,7 @@ def test_prompt_embeds_close_to_transformers_float16(tiny_llama, in_process) -> 
     prompts = list(TEST_PROMPTS[:4])
     embeds = hf_input_embeddings(tiny_llama, prompts[:2], torch.float16)
     llm = LLM(str(tiny_llama), enable_prompt_embeds=True, **ENGINE)
-    try:
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        inputs = [{"prompt_embeds": e} for e in embeds] + prompts[2:]
-        got = [list(o.outputs[0].token_ids) for o in llm.generate(inputs, params)]
-    finally:
-        _shutdown(llm)
+    got = _greedy_and_shut_down(llm, [{"prompt_embeds": e} for e in embeds] + prompts[2:])
     reference = hf_greedy_with_logprobs(tiny_llama, prompts, MAX_TOKENS, torch.float16)
     exact = assert_greedy_close(reference, got)
     print(f"\nprompt embeds, emulated float16: {exact}/{len(prompts)} identical to HF float16")
@@ -273,11 +278,7 @@ def test_tp2_greedy_close_to_transformers_float16(tiny_llama, monkeypatch) -> No
     monkeypatch.setenv("SPYRE_NUM_TOKENS_BUCKETS", "32,128")
     prompts = list(TEST_PROMPTS[:4])
     llm = LLM(str(tiny_llama), tensor_parallel_size=2, **ENGINE)
-    try:
-        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
-    finally:
-        _shutdown(llm)
+    got = _greedy_and_shut_down(llm, prompts)
     reference = hf_greedy_with_logprobs(tiny_llama, prompts, MAX_TOKENS, torch.float16)
     exact = assert_greedy_close(reference, got)
     print(f"\nTP=2 emulated float16: {exact}/{len(prompts)} prompts identical to HF float16")
